@@ -1,0 +1,64 @@
+//! The one error type of the core crate. The binding maps each variant to a Ruby exception class
+//! once (see `ext/datadog_heap/src/errors.rs`): `InvalidArgument` becomes `ArgumentError`, the rest
+//! `DatadogHeap::Error`.
+
+use thiserror::Error;
+
+/// Largest integer that is a Fixnum on 64-bit CRuby (2**62 - 1). Record ids are handed to Ruby as
+/// Fixnum keys of the liveness WeakMap, so no id may pass it.
+pub const FIXNUM_MAX: i64 = (1 << 62) - 1;
+
+/// Hard cap on frames in one stack; the binding truncates to `max_frames` (<= this) before it
+/// calls the core, so hitting it means a caller bug, not user input.
+pub const MAX_FRAMES_LIMIT: usize = 3000;
+
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum HeapError {
+    /// An argument out of range; `name` is the argument as the user wrote it.
+    #[error("{name} must be {expected}, got {value}")]
+    InvalidArgument {
+        name: &'static str,
+        expected: &'static str,
+        value: String,
+    },
+
+    #[error("stack has {frames} frames, more than the limit of {limit}")]
+    TooManyFrames { frames: usize, limit: usize },
+
+    #[error("record ids exhausted: the next id would pass the Fixnum maximum ({max}); recording is disabled")]
+    RecordIdsExhausted { max: i64 },
+
+    #[error("weight {weight} times sample_rate {sample_rate} does not fit in 32 bits")]
+    WeightOverflow { weight: u32, sample_rate: u32 },
+
+    #[error("heap record already tracks {count} objects, the most one stack can hold")]
+    TooManyObjectsForStack { count: u32 },
+
+    #[error("record_id {record_id} is already committed; record ids must be unique")]
+    DuplicateRecordId { record_id: i64 },
+
+    #[error("an iteration is already in progress; finish it before preparing another")]
+    IterationInProgress,
+
+    #[error("no iteration was prepared")]
+    NoIterationPrepared,
+
+    #[error("string storage: {0}")]
+    Strings(String),
+
+    /// The host (Ruby VM) failed in a call the core made through [`crate::Vm`]; the binding keeps
+    /// the original exception and re-raises it, this variant only carries a description.
+    #[error("{0}")]
+    Host(String),
+
+    #[error("pprof: {0}")]
+    Pprof(String),
+}
+
+impl HeapError {
+    pub(crate) fn strings(err: impl std::fmt::Display) -> Self {
+        HeapError::Strings(err.to_string())
+    }
+}
+
+pub type Result<T, E = HeapError> = std::result::Result<T, E>;

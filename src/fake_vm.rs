@@ -1,0 +1,133 @@
+//! A fake VM for the core's tests: a heap of objects that tests kill, freeze and resize by hand,
+//! a GC counter and a clock they advance, and failures they can inject.
+
+use std::collections::HashMap;
+
+use crate::error::{HeapError, Result};
+use crate::vm::{LiveInfo, ObjectRef, Vm};
+
+#[derive(Debug, Clone, Copy)]
+pub struct FakeObject {
+    pub alive: bool,
+    pub frozen: bool,
+    pub size: usize,
+}
+
+#[derive(Default)]
+pub struct FakeVm {
+    pub objects: HashMap<ObjectRef, FakeObject>,
+    /// The liveness table: record_id -> object.
+    pub table: HashMap<i64, ObjectRef>,
+    pub gc: u64,
+    pub now: i64,
+    /// Fail the remember call after this many more succeed.
+    pub fail_remember_after: Option<usize>,
+    /// Fail the lookup call after this many more succeed.
+    pub fail_lookup_after: Option<usize>,
+    pub remember_calls: usize,
+    pub lookup_calls: usize,
+    pub size_measurements: usize,
+    pub yields: usize,
+    next_object: ObjectRef,
+}
+
+impl FakeVm {
+    pub fn new() -> Self {
+        FakeVm {
+            now: 10_000_000_000,
+            next_object: 8,
+            ..Default::default()
+        }
+    }
+
+    pub fn alloc(&mut self, size: usize) -> ObjectRef {
+        self.next_object += 8;
+        self.objects.insert(
+            self.next_object,
+            FakeObject {
+                alive: true,
+                frozen: false,
+                size,
+            },
+        );
+        self.next_object
+    }
+
+    pub fn kill(&mut self, object: ObjectRef) {
+        if let Some(o) = self.objects.get_mut(&object) {
+            o.alive = false;
+        }
+    }
+
+    pub fn obj(&mut self, object: ObjectRef) -> &mut FakeObject {
+        self.objects.entry(object).or_insert(FakeObject {
+            alive: true,
+            frozen: false,
+            size: 0,
+        })
+    }
+
+    /// A GC: advances the generation and the clock past the young-update interval.
+    pub fn gc(&mut self) {
+        self.gc += 1;
+        self.now += 3_000_000_000;
+    }
+
+    fn tick(budget: &mut Option<usize>, what: &str) -> Result<()> {
+        match budget {
+            Some(0) => {
+                *budget = None;
+                Err(HeapError::Host(format!("injected {what} failure")))
+            }
+            Some(n) => {
+                *n -= 1;
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+}
+
+impl Vm for FakeVm {
+    fn remember(&mut self, record_id: i64, object: ObjectRef) -> Result<()> {
+        Self::tick(&mut self.fail_remember_after, "remember")?;
+        self.remember_calls += 1;
+        self.table.insert(record_id, object);
+        Ok(())
+    }
+
+    fn lookup(&mut self, record_id: i64, measure_size: bool) -> Result<Option<LiveInfo>> {
+        Self::tick(&mut self.fail_lookup_after, "lookup")?;
+        self.lookup_calls += 1;
+        let Some(object) = self.table.get(&record_id).copied() else {
+            return Ok(None);
+        };
+        match self.objects.get(&object).copied() {
+            Some(o) if o.alive => {
+                if measure_size {
+                    self.size_measurements += 1;
+                }
+                Ok(Some(LiveInfo {
+                    frozen: o.frozen,
+                    size: measure_size.then_some(o.size),
+                }))
+            }
+            _ => {
+                self.table.remove(&record_id);
+                Ok(None)
+            }
+        }
+    }
+
+    fn yield_thread(&mut self) {
+        self.yields += 1;
+    }
+
+    fn gc_count(&self) -> u64 {
+        self.gc
+    }
+
+    fn now_ns(&self) -> i64 {
+        self.now
+    }
+}

@@ -1,0 +1,26 @@
+//! datadog_heap_core: the parts of the datadog_heap live-heap recorder that need no Ruby VM.
+//!
+//! A [`HeapRecorder`] keeps sampled allocations: pending until committed to the VM's liveness
+//! table, then tracked with their deduplicated allocation stack until an update finds them
+//! collected. What needs the VM (liveness, size, frozen-ness, the GC count, yielding) comes in
+//! through the [`Vm`] trait, which the `datadog_heap` binding implements and the tests fake.
+
+pub mod error;
+pub mod lock;
+pub mod recorder;
+pub mod stack;
+pub mod stats;
+pub mod strings;
+pub mod vm;
+
+#[cfg(test)]
+pub(crate) mod fake_vm;
+
+pub use error::{HeapError, Result, FIXNUM_MAX, MAX_FRAMES_LIMIT};
+pub use recorder::{
+    CommitOutcome, HeapRecorder, LiveObject, LiveObjectData, RecordOutcome, Recorded,
+    RecorderOptions, Snapshot, UpdateKind, UpdateOutcome, MAX_PENDING_RECORDINGS,
+};
+pub use stack::{Frame, RawFrame, Stack};
+pub use stats::{StatValue, Stats};
+pub use vm::{LiveInfo, ObjectRef, Vm};

@@ -1,0 +1,477 @@
+//! The heap recorder: pending recordings, committed object records, the stacks they share, the
+//! soft lock, and the counters. One per `DatadogHeap::Recorder`.
+//!
+//! Concurrency contract. Every method is called with the GVL held, except [`Snapshot`]'s, which
+//! may run on a thread without it. Methods take `&self`: the state sits in a `RefCell` that is
+//! borrowed only in short sections that never call the VM, so when a VM call lets another Ruby
+//! thread in (WeakMap writes and reads may), that thread finds the state unborrowed and the soft
+//! lock telling it what it may do.
+
+mod iteration;
+mod update;
+
+use std::cell::{Ref, RefCell, RefMut};
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+
+use rustc_hash::FxHasher;
+
+use crate::error::{HeapError, Result, FIXNUM_MAX};
+use crate::lock::{LockGuard, SoftLock};
+use crate::stack::{Frame, HeapRecords, RawFrame, Stack};
+use crate::stats::{LastUpdate, Lifetime, Stats};
+use crate::strings::{StringId, Strings};
+use crate::vm::{ObjectRef, Vm};
+
+pub use iteration::{LiveObject, Snapshot};
+pub use update::{UpdateKind, UpdateOutcome};
+
+/// Most recordings that may wait for a commit.
+pub const MAX_PENDING_RECORDINGS: usize = 256;
+
+/// What the recorder knows of one tracked object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LiveObjectData {
+    /// Allocations this object stands for (sampler weight times heap sample rate).
+    pub weight: u32,
+    /// Interned class name; 0 when unknown.
+    pub class: StringId,
+    /// GC count when it was allocated.
+    pub alloc_gen: u64,
+    /// Bytes, as of the last update that measured it.
+    pub size: usize,
+    /// GCs it has survived, as of the last update.
+    pub gen_age: u64,
+    /// Frozen as of the last update: its size cannot change, so it is not measured again.
+    pub frozen: bool,
+}
+
+/// A recording waiting for its object to enter the liveness table.
+#[derive(Debug, Clone)]
+struct PendingRecording {
+    object: ObjectRef,
+    record_id: i64,
+    stack: Stack,
+    data: LiveObjectData,
+}
+
+/// A committed, tracked object.
+#[derive(Debug, Clone)]
+pub(crate) struct ObjectRecord {
+    pub(crate) stack: Stack,
+    pub(crate) data: LiveObjectData,
+}
+
+/// Options the recorder applies itself.
+#[derive(Debug, Clone, Copy)]
+pub struct RecorderOptions {
+    /// Keep one in `sample_rate` recordings, weighting each by it.
+    pub sample_rate: u32,
+    /// Measure object sizes during updates.
+    pub size_enabled: bool,
+}
+
+impl Default for RecorderOptions {
+    fn default() -> Self {
+        RecorderOptions {
+            sample_rate: 1,
+            size_enabled: true,
+        }
+    }
+}
+
+/// What became of one `record_allocation` call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordOutcome {
+    /// The object now waits for a commit.
+    Pending,
+    SkippedSampleRate,
+    /// A commit or update holds the lock (it may be suspended in another thread).
+    SkippedLocked,
+    SkippedBufferFull,
+    /// The string storage is busy with a profile being encoded off the GVL.
+    SkippedStorageBusy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recorded {
+    pub outcome: RecordOutcome,
+    /// Something is pending: the caller should schedule a commit.
+    pub needs_commit: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitOutcome {
+    Committed(usize),
+    /// Another commit or update holds the lock; the entries stay pending.
+    SkippedLocked,
+}
+
+type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
+pub(crate) struct State {
+    options: RecorderOptions,
+    heap_records: HeapRecords,
+    object_records: FxMap<i64, ObjectRecord>,
+    pending: Vec<PendingRecording>,
+    next_record_id: i64,
+    /// Recordings seen since the last one kept, against `sample_rate`.
+    since_last_kept: u32,
+    /// An iteration snapshot exists: no update may run.
+    iterating: bool,
+    update_gen: u64,
+    /// When the last successful update ran; `None` before the first.
+    last_update_ns: Option<i64>,
+    last_update: LastUpdate,
+    lifetime: Lifetime,
+    /// String references we hold in the storage (interns minus uninterns of non-empty strings).
+    string_refs: u64,
+}
+
+pub struct HeapRecorder {
+    lock: SoftLock,
+    state: RefCell<State>,
+    strings: Strings,
+}
+
+impl Default for HeapRecorder {
+    fn default() -> Self {
+        Self::new(RecorderOptions::default())
+    }
+}
+
+fn refs_of(stack: &[Frame]) -> u64 {
+    stack
+        .iter()
+        .map(|f| u64::from(f.name != 0) + u64::from(f.filename != 0))
+        .sum()
+}
+
+impl HeapRecorder {
+    pub fn new(options: RecorderOptions) -> Self {
+        HeapRecorder {
+            lock: SoftLock::new(),
+            state: RefCell::new(State {
+                options,
+                heap_records: HeapRecords::default(),
+                object_records: FxMap::default(),
+                pending: Vec::with_capacity(MAX_PENDING_RECORDINGS),
+                next_record_id: 0,
+                since_last_kept: 0,
+                iterating: false,
+                update_gen: 0,
+                last_update_ns: None,
+                last_update: LastUpdate::default(),
+                lifetime: Lifetime::default(),
+                string_refs: 0,
+            }),
+            strings: Strings::new(),
+        }
+    }
+
+    pub(crate) fn state(&self) -> Result<RefMut<'_, State>> {
+        self.state.try_borrow_mut().map_err(|_| {
+            HeapError::Host("heap recorder state is already in use (reentrant call)".into())
+        })
+    }
+
+    fn state_ref(&self) -> Result<Ref<'_, State>> {
+        self.state.try_borrow().map_err(|_| {
+            HeapError::Host("heap recorder state is being changed (reentrant call)".into())
+        })
+    }
+
+    pub fn strings(&self) -> &Strings {
+        &self.strings
+    }
+
+    pub fn lock(&self) -> &SoftLock {
+        &self.lock
+    }
+
+    pub fn options(&self) -> Result<RecorderOptions> {
+        Ok(self.state_ref()?.options)
+    }
+
+    pub fn set_sample_rate(&self, sample_rate: u32) -> Result<()> {
+        if sample_rate == 0 {
+            return Err(HeapError::InvalidArgument {
+                name: "sample_rate",
+                expected: "a positive Integer",
+                value: sample_rate.to_string(),
+            });
+        }
+        let mut state = self.state()?;
+        state.options.sample_rate = sample_rate;
+        state.since_last_kept = 0;
+        Ok(())
+    }
+
+    pub fn set_size_enabled(&self, enabled: bool) -> Result<()> {
+        self.state()?.options.size_enabled = enabled;
+        Ok(())
+    }
+
+    /// Records one sampled allocation: it becomes pending until a commit puts it in the liveness
+    /// table. `alloc_gen` is the current GC count.
+    ///
+    /// Called from the NEWOBJ hook: needs the GVL, never loses it, never calls the VM, allocates
+    /// only through Rust's allocator (and not at all when the stack is already known), and never
+    /// waits for a lock. Everything that can fail happens before the push, so an error leaves no
+    /// half-built entry and no string reference behind.
+    pub fn record_allocation(
+        &self,
+        object: ObjectRef,
+        weight: u32,
+        class_name: Option<&str>,
+        frames: &[RawFrame<'_>],
+        alloc_gen: u64,
+    ) -> Result<Recorded> {
+        let mut state = self.state()?;
+        state.lifetime.recordings_attempted += 1;
+        let result =
+            self.record_locked_state(&mut state, object, weight, class_name, frames, alloc_gen);
+        if result.is_err() {
+            state.lifetime.recordings_failed += 1;
+        }
+        result
+    }
+
+    fn record_locked_state(
+        &self,
+        state: &mut State,
+        object: ObjectRef,
+        weight: u32,
+        class_name: Option<&str>,
+        frames: &[RawFrame<'_>],
+        alloc_gen: u64,
+    ) -> Result<Recorded> {
+        // Anything pending asks for a commit, even when this allocation is skipped: a commit that
+        // was asked for earlier may not have run yet.
+        let skipped = |state: &mut State, outcome| {
+            Ok(Recorded {
+                outcome,
+                needs_commit: !state.pending.is_empty(),
+            })
+        };
+
+        if state.next_record_id >= FIXNUM_MAX {
+            return Err(HeapError::RecordIdsExhausted { max: FIXNUM_MAX });
+        }
+        state.since_last_kept += 1;
+        if state.since_last_kept < state.options.sample_rate {
+            state.lifetime.recordings_skipped_sample_rate += 1;
+            return skipped(state, RecordOutcome::SkippedSampleRate);
+        }
+        if self.lock.is_held() {
+            // A commit or update is mid-way (maybe suspended in another thread): touching what it
+            // works on is not safe, so this one is dropped, and counted.
+            state.lifetime.recordings_skipped_locked += 1;
+            return skipped(state, RecordOutcome::SkippedLocked);
+        }
+        if state.pending.len() >= MAX_PENDING_RECORDINGS {
+            state.lifetime.deferred_recordings_skipped_buffer_full += 1;
+            return skipped(state, RecordOutcome::SkippedBufferFull);
+        }
+        let Some(mut strings) = self.strings.try_lock() else {
+            state.lifetime.recordings_skipped_storage_busy += 1;
+            return skipped(state, RecordOutcome::SkippedStorageBusy);
+        };
+        state.since_last_kept = 0;
+
+        let weight =
+            weight
+                .checked_mul(state.options.sample_rate)
+                .ok_or(HeapError::WeightOverflow {
+                    weight,
+                    sample_rate: state.options.sample_rate,
+                })?;
+        let class = strings.intern(class_name.unwrap_or(""))?;
+        let stack = match state.heap_records.acquire(&mut strings, frames) {
+            Ok(stack) => stack,
+            Err(e) => {
+                let _ = strings.unintern(class);
+                return Err(e);
+            }
+        };
+        // The id is taken last: nothing can fail after this point.
+        state.next_record_id += 1;
+        let record_id = state.next_record_id;
+        let fresh = state.heap_records.count(&stack) == 1;
+        state.string_refs += u64::from(class != 0) + if fresh { refs_of(&stack) } else { 0 };
+        state.pending.push(PendingRecording {
+            object,
+            record_id,
+            stack,
+            data: LiveObjectData {
+                weight,
+                class,
+                alloc_gen,
+                size: 0,
+                gen_age: 0,
+                frozen: false,
+            },
+        });
+        Ok(Recorded {
+            outcome: RecordOutcome::Pending,
+            needs_commit: true,
+        })
+    }
+
+    /// Calls `f` with every pending object; the binding marks them so none is collected (or
+    /// moved) before its commit. Never allocates, never calls the VM.
+    pub fn for_each_pending_object(&self, mut f: impl FnMut(ObjectRef)) {
+        if let Ok(state) = self.state.try_borrow() {
+            state.pending.iter().for_each(|p| f(p.object));
+        }
+    }
+
+    /// Moves pending recordings into the tracked set, newest first: each is written to the
+    /// liveness table through `vm` and only then leaves the queue, so a failure (or a thread
+    /// switch) midway loses nothing; the failed entry and those older stay pending.
+    ///
+    /// Needs the GVL; may lose it and may allocate (through `vm`).
+    pub fn commit(&self, vm: &mut dyn Vm) -> Result<CommitOutcome> {
+        if !self.lock.try_lock() {
+            self.state()?.lifetime.commits_skipped_locked += 1;
+            return Ok(CommitOutcome::SkippedLocked);
+        }
+        let _unlock = LockGuard(&self.lock);
+        let mut committed = 0;
+        loop {
+            let next = {
+                let state = self.state_ref()?;
+                state.pending.last().map(|p| (p.record_id, p.object))
+            };
+            let Some((record_id, object)) = next else {
+                break;
+            };
+            vm.remember(record_id, object)?;
+
+            let mut state = self.state()?;
+            let Some(pending) = state.pending.pop() else {
+                break;
+            };
+            if state.object_records.contains_key(&pending.record_id) {
+                // Cannot happen with ids we hand out; drop the entry (and what it holds) rather
+                // than loop on it forever.
+                self.release_record(&mut state, &pending.stack, pending.data.class)?;
+                return Err(HeapError::DuplicateRecordId {
+                    record_id: pending.record_id,
+                });
+            }
+            state.object_records.insert(
+                pending.record_id,
+                ObjectRecord {
+                    stack: pending.stack,
+                    data: pending.data,
+                },
+            );
+            state.lifetime.deferred_recordings_committed += 1;
+            committed += 1;
+        }
+        Ok(CommitOutcome::Committed(committed))
+    }
+
+    /// Gives back what one record holds: its claim on the stack and its class name.
+    fn release_record(&self, state: &mut State, stack: &Stack, class: StringId) -> Result<()> {
+        let mut strings = self.strings.lock()?;
+        let last = state.heap_records.count(stack) == 1;
+        state.heap_records.release(&mut strings, stack)?;
+        let freed = u64::from(class != 0) + if last { refs_of(stack) } else { 0 };
+        state.string_refs = state.string_refs.saturating_sub(freed);
+        strings.unintern(class)
+    }
+
+    /// For a forked child: the lock holder and any iterating thread are gone with the parent's
+    /// other threads. Records (and pending recordings) stay; lifetime counters start again.
+    pub fn after_fork(&self) -> Result<()> {
+        self.lock.reset();
+        let mut state = self.state()?;
+        state.iterating = false;
+        state.lifetime = Lifetime::default();
+        Ok(())
+    }
+
+    pub fn stats(&self) -> Result<Stats> {
+        let state = self.state_ref()?;
+        Ok(Stats {
+            num_object_records: state.object_records.len() as u64,
+            num_heap_records: state.heap_records.len() as u64,
+            pending_recordings_count: state.pending.len() as u64,
+            last_update: state.last_update,
+            lifetime: state.lifetime,
+            string_refs: state.string_refs,
+        })
+    }
+
+    pub fn is_recorded(&self, record_id: i64) -> Result<bool> {
+        Ok(self.state_ref()?.object_records.contains_key(&record_id))
+    }
+
+    /// Ids of all committed records, in no particular order.
+    pub fn record_ids(&self) -> Result<Vec<i64>> {
+        Ok(self.state_ref()?.object_records.keys().copied().collect())
+    }
+
+    /// Test aid: the next recording will find the ids used up.
+    pub fn exhaust_record_ids(&self) -> Result<()> {
+        self.state()?.next_record_id = FIXNUM_MAX;
+        Ok(())
+    }
+
+    /// Test aid: the next young update is not held back by the minimum interval.
+    pub fn reset_last_update(&self) -> Result<()> {
+        self.state()?.last_update_ns = None;
+        Ok(())
+    }
+
+    /// One line per committed record, for `debug`.
+    pub fn debug_lines(&self) -> Result<Vec<String>> {
+        let state = self.state_ref()?;
+        let strings = self.strings.lock()?;
+        let mut ids: Vec<_> = state.object_records.keys().copied().collect();
+        ids.sort_unstable();
+        Ok(ids
+            .iter()
+            .filter_map(|id| state.object_records.get(id).map(|r| (id, r)))
+            .map(|(id, r)| {
+                let d = &r.data;
+                let top = r.stack.first();
+                let file = top.map_or(Ok(String::new()), |f| strings.get(f.filename));
+                let class = strings.get(d.class);
+                format!(
+                    "record_id={id} weight={} size={} location={}:{} frames={} alloc_gen={} gen_age={} frozen={} class={}",
+                    d.weight,
+                    d.size,
+                    file.unwrap_or_else(|e| format!("<{e}>")),
+                    top.map_or(0, |f| f.line),
+                    r.stack.len(),
+                    d.alloc_gen,
+                    d.gen_age,
+                    d.frozen,
+                    class.unwrap_or_else(|e| format!("<{e}>")),
+                )
+            })
+            .collect())
+    }
+
+    /// Approximate heap bytes held by the recorder (records, stacks, queue), for
+    /// `ObjectSpace.memsize_of`. Does not count the string storage, which is not introspectable.
+    pub fn memsize(&self) -> usize {
+        let Ok(state) = self.state.try_borrow() else {
+            return std::mem::size_of::<Self>();
+        };
+        let object_entry = std::mem::size_of::<(i64, ObjectRecord)>() + 1;
+        std::mem::size_of::<Self>()
+            + state.object_records.capacity() * object_entry
+            + state.pending.capacity() * std::mem::size_of::<PendingRecording>()
+            + state.heap_records.memsize()
+            + state.string_refs as usize * 8
+    }
+}
+
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,671 @@
+use super::*;
+use crate::fake_vm::FakeVm;
+use crate::recorder::update::{UpdateKind, UpdateOutcome};
+
+fn frames(site: &'static str, line: i32) -> Vec<RawFrame<'static>> {
+    vec![
+        RawFrame {
+            name: site,
+            filename: "app.rb",
+            line,
+        },
+        RawFrame {
+            name: "main",
+            filename: "main.rb",
+            line: 1,
+        },
+    ]
+}
+
+fn record(rec: &HeapRecorder, vm: &mut FakeVm, site: &'static str, line: i32) -> ObjectRef {
+    let obj = vm.alloc(40);
+    let r = rec
+        .record_allocation(obj, 1, Some("String"), &frames(site, line), vm.gc)
+        .unwrap();
+    assert_eq!(r.outcome, RecordOutcome::Pending);
+    obj
+}
+
+fn full_update(rec: &HeapRecorder, vm: &mut FakeVm) -> LastUpdate {
+    match rec.update(vm, UpdateKind::Full).unwrap() {
+        UpdateOutcome::Done(last) => last,
+        other => panic!("full update did not run: {other:?}"),
+    }
+}
+
+#[test]
+fn recording_is_pending_until_commit() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    let obj = record(&rec, &mut vm, "a", 1);
+    let s = rec.stats().unwrap();
+    assert_eq!((s.pending_recordings_count, s.num_object_records), (1, 0));
+    let mut pending = vec![];
+    rec.for_each_pending_object(|o| pending.push(o));
+    assert_eq!(pending, vec![obj]);
+
+    assert_eq!(rec.commit(&mut vm).unwrap(), CommitOutcome::Committed(1));
+    let s = rec.stats().unwrap();
+    assert_eq!((s.pending_recordings_count, s.num_object_records), (0, 1));
+    assert_eq!(s.lifetime.deferred_recordings_committed, 1);
+    assert_eq!(vm.table.get(&1), Some(&obj));
+    assert!(rec.is_recorded(1).unwrap());
+}
+
+#[test]
+fn commit_drains_newest_first() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    for line in 1..=3 {
+        record(&rec, &mut vm, "a", line);
+    }
+    let mut order = vec![];
+    struct Spy<'a>(&'a mut FakeVm, &'a mut Vec<i64>);
+    impl Vm for Spy<'_> {
+        fn remember(&mut self, id: i64, o: ObjectRef) -> Result<()> {
+            self.1.push(id);
+            self.0.remember(id, o)
+        }
+        fn lookup(&mut self, id: i64, m: bool) -> Result<Option<crate::vm::LiveInfo>> {
+            self.0.lookup(id, m)
+        }
+        fn yield_thread(&mut self) {}
+        fn gc_count(&self) -> u64 {
+            self.0.gc_count()
+        }
+        fn now_ns(&self) -> i64 {
+            self.0.now_ns()
+        }
+    }
+    rec.commit(&mut Spy(&mut vm, &mut order)).unwrap();
+    assert_eq!(order, vec![3, 2, 1]);
+}
+
+#[test]
+fn commit_failure_midway_keeps_the_rest_pending_and_releases_the_lock() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    for line in 1..=5 {
+        record(&rec, &mut vm, "a", line);
+    }
+    vm.fail_remember_after = Some(2);
+    assert!(matches!(rec.commit(&mut vm), Err(HeapError::Host(_))));
+    let s = rec.stats().unwrap();
+    assert_eq!((s.num_object_records, s.pending_recordings_count), (2, 3));
+    assert!(!rec.lock().is_held(), "lock released after the error");
+    assert_eq!(rec.commit(&mut vm).unwrap(), CommitOutcome::Committed(3));
+    let mut ids = rec.record_ids().unwrap();
+    ids.sort();
+    assert_eq!(ids, vec![1, 2, 3, 4, 5]);
+}
+
+#[test]
+fn commit_skips_while_locked() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    record(&rec, &mut vm, "a", 1);
+    assert!(rec.lock().try_lock());
+    assert_eq!(rec.commit(&mut vm).unwrap(), CommitOutcome::SkippedLocked);
+    assert_eq!(rec.stats().unwrap().lifetime.commits_skipped_locked, 1);
+    rec.lock().unlock();
+    assert_eq!(rec.commit(&mut vm).unwrap(), CommitOutcome::Committed(1));
+}
+
+#[test]
+fn duplicate_record_id_is_an_error() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    record(&rec, &mut vm, "a", 1);
+    rec.commit(&mut vm).unwrap();
+    // Rewind the id source: the next recording reuses id 1.
+    rec.state().unwrap().next_record_id = 0;
+    record(&rec, &mut vm, "a", 1);
+    let err = rec.commit(&mut vm).unwrap_err();
+    assert_eq!(err, HeapError::DuplicateRecordId { record_id: 1 });
+    assert!(err.to_string().contains("record_id 1"));
+    let s = rec.stats().unwrap();
+    assert_eq!((s.num_object_records, s.pending_recordings_count), (1, 0));
+    assert!(!rec.lock().is_held());
+}
+
+#[test]
+fn same_site_shares_a_heap_record_and_other_sites_do_not() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    record(&rec, &mut vm, "a", 1);
+    record(&rec, &mut vm, "a", 1);
+    record(&rec, &mut vm, "b", 2);
+    rec.commit(&mut vm).unwrap();
+    assert_eq!(rec.stats().unwrap().num_heap_records, 2);
+}
+
+#[test]
+fn strings_return_to_baseline_when_everything_dies() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    let objs: Vec<_> = (0..20)
+        .map(|i| {
+            record(
+                &rec,
+                &mut vm,
+                if i % 2 == 0 { "even" } else { "odd" },
+                i % 3,
+            )
+        })
+        .collect();
+    rec.commit(&mut vm).unwrap();
+    let ids: Vec<u32> = {
+        let state = rec.state().unwrap();
+        state
+            .object_records
+            .values()
+            .flat_map(|r| {
+                r.stack
+                    .iter()
+                    .flat_map(|f| [f.name, f.filename])
+                    .chain([r.data.class])
+            })
+            .collect()
+    };
+    assert!(rec.stats().unwrap().string_refs > 0);
+    vm.gc();
+    objs.iter().for_each(|&o| vm.kill(o));
+    let last = full_update(&rec, &mut vm);
+    assert_eq!(last.objects_dead, 20);
+    let s = rec.stats().unwrap();
+    assert_eq!(
+        (s.num_object_records, s.num_heap_records, s.string_refs),
+        (0, 0, 0)
+    );
+    for id in ids {
+        assert!(rec.strings().get(id).is_err(), "id {id} still interned");
+    }
+}
+
+#[test]
+fn buffer_full_is_counted_and_still_asks_for_a_commit() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    for i in 0..MAX_PENDING_RECORDINGS {
+        record(&rec, &mut vm, "a", i as i32);
+    }
+    let obj = vm.alloc(1);
+    for _ in 0..44 {
+        let r = rec
+            .record_allocation(obj, 1, None, &frames("a", 1), 0)
+            .unwrap();
+        assert_eq!(r.outcome, RecordOutcome::SkippedBufferFull);
+        assert!(r.needs_commit);
+    }
+    let s = rec.stats().unwrap();
+    assert_eq!(s.pending_recordings_count, 256);
+    assert_eq!(s.lifetime.deferred_recordings_skipped_buffer_full, 44);
+}
+
+#[test]
+fn sample_rate_keeps_one_in_n_and_scales_weight() {
+    let rec = HeapRecorder::new(RecorderOptions {
+        sample_rate: 3,
+        size_enabled: true,
+    });
+    let mut vm = FakeVm::new();
+    let outcomes: Vec<_> = (0..6)
+        .map(|_| {
+            let o = vm.alloc(1);
+            rec.record_allocation(o, 5, None, &frames("a", 1), 0)
+                .unwrap()
+                .outcome
+        })
+        .collect();
+    use RecordOutcome::*;
+    assert_eq!(
+        outcomes,
+        vec![
+            SkippedSampleRate,
+            SkippedSampleRate,
+            Pending,
+            SkippedSampleRate,
+            SkippedSampleRate,
+            Pending
+        ]
+    );
+    rec.commit(&mut vm).unwrap();
+    let state = rec.state().unwrap();
+    assert!(state.object_records.values().all(|r| r.data.weight == 15));
+    assert_eq!(state.lifetime.recordings_skipped_sample_rate, 4);
+}
+
+#[test]
+fn zero_sample_rate_is_rejected_with_the_value() {
+    let rec = HeapRecorder::default();
+    let err = rec.set_sample_rate(0).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "sample_rate must be a positive Integer, got 0"
+    );
+    rec.set_sample_rate(2).unwrap();
+    assert_eq!(rec.options().unwrap().sample_rate, 2);
+}
+
+#[test]
+fn weight_overflow_is_an_error_that_leaves_nothing_behind() {
+    let rec = HeapRecorder::new(RecorderOptions {
+        sample_rate: 2,
+        size_enabled: true,
+    });
+    let mut vm = FakeVm::new();
+    let o = vm.alloc(1);
+    rec.record_allocation(o, u32::MAX, Some("X"), &frames("a", 1), 0)
+        .unwrap();
+    let err = rec
+        .record_allocation(o, u32::MAX, Some("X"), &frames("a", 1), 0)
+        .unwrap_err();
+    assert!(matches!(err, HeapError::WeightOverflow { .. }));
+    let s = rec.stats().unwrap();
+    assert_eq!((s.pending_recordings_count, s.string_refs), (0, 0));
+    assert_eq!(s.lifetime.recordings_failed, 1);
+}
+
+#[test]
+fn recording_skips_while_the_lock_is_held() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    assert!(rec.lock().try_lock());
+    let o = vm.alloc(1);
+    let r = rec
+        .record_allocation(o, 1, None, &frames("a", 1), 0)
+        .unwrap();
+    assert_eq!(
+        r,
+        Recorded {
+            outcome: RecordOutcome::SkippedLocked,
+            needs_commit: false
+        }
+    );
+    assert_eq!(rec.stats().unwrap().lifetime.recordings_skipped_locked, 1);
+    rec.lock().unlock();
+}
+
+#[test]
+fn recording_skips_while_the_encoder_holds_the_strings() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    let o = vm.alloc(1);
+    let held = rec.strings().lock().unwrap();
+    let r = rec
+        .record_allocation(o, 1, None, &frames("a", 1), 0)
+        .unwrap();
+    assert_eq!(r.outcome, RecordOutcome::SkippedStorageBusy);
+    drop(held);
+    let r = rec
+        .record_allocation(o, 1, None, &frames("a", 1), 0)
+        .unwrap();
+    assert_eq!(r.outcome, RecordOutcome::Pending);
+}
+
+#[test]
+fn record_ids_past_the_fixnum_max_disable_recording() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    rec.state().unwrap().next_record_id = FIXNUM_MAX - 1;
+    let o = vm.alloc(1);
+    rec.record_allocation(o, 1, None, &frames("a", 1), 0)
+        .unwrap();
+    assert_eq!(rec.state().unwrap().pending[0].record_id, FIXNUM_MAX);
+    for _ in 0..3 {
+        let err = rec
+            .record_allocation(o, 1, None, &frames("a", 1), 0)
+            .unwrap_err();
+        assert_eq!(err, HeapError::RecordIdsExhausted { max: FIXNUM_MAX });
+    }
+    // Still readable and committable.
+    assert_eq!(rec.commit(&mut vm).unwrap(), CommitOutcome::Committed(1));
+    rec.exhaust_record_ids().unwrap();
+    assert!(rec
+        .record_allocation(o, 1, None, &frames("a", 1), 0)
+        .is_err());
+    assert_eq!(rec.stats().unwrap().num_object_records, 1);
+}
+
+#[test]
+fn frame_cap_3000_accepted_3001_refused_cleanly() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    let o = vm.alloc(1);
+    let deep = vec![
+        RawFrame {
+            name: "f",
+            filename: "f.rb",
+            line: 1
+        };
+        3001
+    ];
+    let err = rec
+        .record_allocation(o, 1, Some("Deep"), &deep, 0)
+        .unwrap_err();
+    assert!(err.to_string().contains("3001") && err.to_string().contains("3000"));
+    let s = rec.stats().unwrap();
+    assert_eq!((s.pending_recordings_count, s.string_refs), (0, 0));
+    assert!(rec
+        .record_allocation(o, 1, Some("Deep"), &deep[..3000], 0)
+        .is_ok());
+}
+
+#[test]
+fn young_update_gates_on_gc_generation_and_interval() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    record(&rec, &mut vm, "a", 1);
+    rec.commit(&mut vm).unwrap();
+    vm.gc();
+    assert!(matches!(
+        rec.update(&mut vm, UpdateKind::Young).unwrap(),
+        UpdateOutcome::Done(_)
+    ));
+    // Same GC generation: skipped.
+    assert_eq!(
+        rec.update(&mut vm, UpdateKind::Young).unwrap(),
+        UpdateOutcome::SkippedGcGen
+    );
+    // New generation but within 2 s: skipped.
+    vm.gc += 1;
+    vm.now += 1_000_000_000;
+    assert_eq!(
+        rec.update(&mut vm, UpdateKind::Young).unwrap(),
+        UpdateOutcome::SkippedTime
+    );
+    // reset_last_update lifts the interval.
+    rec.reset_last_update().unwrap();
+    assert!(matches!(
+        rec.update(&mut vm, UpdateKind::Young).unwrap(),
+        UpdateOutcome::Done(_)
+    ));
+    // A full update ignores both gates.
+    assert!(matches!(
+        rec.update(&mut vm, UpdateKind::Full).unwrap(),
+        UpdateOutcome::Done(_)
+    ));
+    let l = rec.stats().unwrap().lifetime;
+    assert_eq!(
+        (
+            l.updates_successful,
+            l.updates_skipped_gcgen,
+            l.updates_skipped_time
+        ),
+        (3, 1, 1)
+    );
+}
+
+#[test]
+fn young_update_skips_when_locked_but_full_waits() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    vm.gc();
+    assert!(rec.lock().try_lock());
+    assert_eq!(
+        rec.update(&mut vm, UpdateKind::Young).unwrap(),
+        UpdateOutcome::SkippedConcurrent
+    );
+    assert_eq!(rec.stats().unwrap().lifetime.updates_skipped_concurrent, 1);
+
+    // The full update yields until the holder (simulated by the yield) releases.
+    struct Releasing<'a>(&'a HeapRecorder, FakeVm, usize);
+    impl Vm for Releasing<'_> {
+        fn remember(&mut self, id: i64, o: ObjectRef) -> Result<()> {
+            self.1.remember(id, o)
+        }
+        fn lookup(&mut self, id: i64, m: bool) -> Result<Option<crate::vm::LiveInfo>> {
+            self.1.lookup(id, m)
+        }
+        fn yield_thread(&mut self) {
+            self.2 += 1;
+            if self.2 == 3 {
+                self.0.lock().unlock();
+            }
+        }
+        fn gc_count(&self) -> u64 {
+            self.1.gc
+        }
+        fn now_ns(&self) -> i64 {
+            self.1.now
+        }
+    }
+    let mut releasing = Releasing(&rec, vm, 0);
+    assert!(matches!(
+        rec.update(&mut releasing, UpdateKind::Full).unwrap(),
+        UpdateOutcome::Done(_)
+    ));
+    assert_eq!(releasing.2, 3);
+    assert!(!rec.lock().is_held());
+}
+
+#[test]
+fn ages_skip_and_death() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    let old = record(&rec, &mut vm, "old", 1); // alloc_gen 0
+    rec.commit(&mut vm).unwrap();
+    for _ in 0..3 {
+        vm.gc();
+    }
+    let young = record(&rec, &mut vm, "young", 2); // alloc_gen 3
+    let newborn_dead = vm.alloc(1);
+    rec.record_allocation(newborn_dead, 1, None, &frames("n", 3), 4)
+        .unwrap(); // alloc_gen 4 > gen 3
+    rec.commit(&mut vm).unwrap();
+    vm.gc(); // gen 4: old is 4 GCs old, young 1, newborn 0
+    vm.kill(newborn_dead);
+
+    // Young update: old (age 4) and newborn (age 0) skipped, young checked.
+    let UpdateOutcome::Done(last) = rec.update(&mut vm, UpdateKind::Young).unwrap() else {
+        panic!()
+    };
+    assert_eq!(
+        (last.objects_alive, last.objects_dead, last.objects_skipped),
+        (1, 0, 2)
+    );
+
+    // Full update: old checked too; newborn still age 0 so skipped even though it is dead.
+    vm.kill(old);
+    let last = full_update(&rec, &mut vm);
+    assert_eq!(
+        (last.objects_alive, last.objects_dead, last.objects_skipped),
+        (1, 1, 1)
+    );
+    assert_eq!(rec.stats().unwrap().num_object_records, 2);
+    let _ = young;
+}
+
+#[test]
+fn sizes_refresh_until_frozen() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    let o = record(&rec, &mut vm, "a", 1);
+    rec.commit(&mut vm).unwrap();
+    vm.gc();
+    vm.obj(o).size = 100;
+    full_update(&rec, &mut vm);
+    vm.obj(o).size = 200;
+    vm.obj(o).frozen = true;
+    let last = full_update(&rec, &mut vm);
+    assert_eq!(last.objects_frozen, 1);
+    vm.obj(o).size = 999;
+    full_update(&rec, &mut vm);
+    let data = rec.state().unwrap().object_records[&1].data;
+    assert_eq!(
+        (data.size, data.frozen),
+        (200, true),
+        "frozen objects are sized once more, then never"
+    );
+    assert_eq!(vm.size_measurements, 2);
+}
+
+#[test]
+fn size_disabled_never_measures() {
+    let rec = HeapRecorder::new(RecorderOptions {
+        sample_rate: 1,
+        size_enabled: false,
+    });
+    let mut vm = FakeVm::new();
+    record(&rec, &mut vm, "a", 1);
+    rec.commit(&mut vm).unwrap();
+    vm.gc();
+    full_update(&rec, &mut vm);
+    assert_eq!(vm.size_measurements, 0);
+    rec.set_size_enabled(true).unwrap();
+    full_update(&rec, &mut vm);
+    assert_eq!(vm.size_measurements, 1);
+}
+
+#[test]
+fn lookup_failure_midway_releases_lock_and_keeps_state_consistent() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    let objs: Vec<_> = (0..4).map(|i| record(&rec, &mut vm, "a", i)).collect();
+    rec.commit(&mut vm).unwrap();
+    vm.gc();
+    objs.iter().for_each(|&o| vm.kill(o));
+    vm.fail_lookup_after = Some(2);
+    assert!(rec.update(&mut vm, UpdateKind::Full).is_err());
+    assert!(!rec.lock().is_held());
+    assert_eq!(rec.stats().unwrap().num_object_records, 2);
+    let last = full_update(&rec, &mut vm);
+    assert_eq!(last.objects_dead, 2);
+    assert_eq!(rec.stats().unwrap().string_refs, 0);
+}
+
+#[test]
+fn iteration_yields_aged_objects_and_blocks_updates() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    record(&rec, &mut vm, "a", 1);
+    rec.commit(&mut vm).unwrap();
+    vm.gc();
+    let newborn = vm.alloc(1);
+    rec.record_allocation(newborn, 1, None, &frames("b", 1), vm.gc)
+        .unwrap();
+    rec.commit(&mut vm).unwrap();
+
+    let snap = rec.prepare_iteration(&mut vm).unwrap();
+    assert_eq!(snap.len(), 2);
+    let mut seen = vec![];
+    snap.for_each_live(|o| {
+        seen.push((o.record_id, o.data.gen_age));
+        true
+    });
+    assert_eq!(seen, vec![(1, 1)], "age-0 objects are not yielded");
+
+    assert_eq!(
+        rec.prepare_iteration(&mut vm).err(),
+        Some(HeapError::IterationInProgress)
+    );
+    vm.gc();
+    assert_eq!(
+        rec.update(&mut vm, UpdateKind::Full).unwrap(),
+        UpdateOutcome::SkippedIterating
+    );
+    // Recording and committing still work during an iteration.
+    record(&rec, &mut vm, "c", 1);
+    rec.commit(&mut vm).unwrap();
+
+    rec.finish_iteration().unwrap();
+    assert_eq!(
+        rec.finish_iteration().err(),
+        Some(HeapError::NoIterationPrepared)
+    );
+    assert!(matches!(
+        rec.update(&mut vm, UpdateKind::Full).unwrap(),
+        UpdateOutcome::Done(_)
+    ));
+}
+
+#[test]
+fn snapshot_names_survive_on_another_thread() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    record(&rec, &mut vm, "threaded", 7);
+    rec.commit(&mut vm).unwrap();
+    vm.gc();
+    let snap = rec.prepare_iteration(&mut vm).unwrap();
+    let names = std::thread::spawn(move || {
+        let mut names = vec![];
+        snap.for_each_live(|o| {
+            names.push(snap.strings().get(o.stack[0].name).unwrap());
+            true
+        });
+        names
+    })
+    .join()
+    .unwrap();
+    assert_eq!(names, vec!["threaded".to_string()]);
+    rec.finish_iteration().unwrap();
+}
+
+#[test]
+fn after_fork_with_dangling_snapshot_and_held_lock() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    record(&rec, &mut vm, "a", 1);
+    rec.commit(&mut vm).unwrap();
+    record(&rec, &mut vm, "b", 1);
+    vm.gc();
+    let _snap = rec.prepare_iteration(&mut vm).unwrap();
+    assert!(rec.lock().try_lock());
+    rec.lock().lock(|| rec.lock().reset()); // leave WANTED | HELD set
+    assert!(!rec.lock().try_lock());
+    assert!(rec.stats().unwrap().lifetime.updates_successful > 0);
+
+    rec.after_fork().unwrap();
+    assert!(!rec.is_iterating().unwrap());
+    assert!(!rec.lock().is_held() && !rec.lock().is_wanted());
+    let s = rec.stats().unwrap();
+    assert_eq!(s.lifetime, Lifetime::default());
+    assert_eq!((s.num_object_records, s.pending_recordings_count), (1, 1));
+    assert!(matches!(
+        rec.update(&mut vm, UpdateKind::Full).unwrap(),
+        UpdateOutcome::Done(_)
+    ));
+}
+
+#[test]
+fn dropping_a_recorder_with_records_and_pending_is_fine() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    record(&rec, &mut vm, "a", 1);
+    rec.commit(&mut vm).unwrap();
+    record(&rec, &mut vm, "b", 1);
+    drop(rec);
+}
+
+#[test]
+fn debug_lines_describe_records() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    record(&rec, &mut vm, "a", 42);
+    rec.commit(&mut vm).unwrap();
+    let lines = rec.debug_lines().unwrap();
+    assert_eq!(lines.len(), 1);
+    assert!(
+        lines[0].starts_with("record_id=1 weight=1 size=0 location=app.rb:42"),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[0].ends_with("class=String"));
+}
+
+#[test]
+fn memsize_grows_with_tracked_objects() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    let before = rec.memsize();
+    for i in 0..200 {
+        record(&rec, &mut vm, "a", i);
+        rec.commit(&mut vm).unwrap();
+    }
+    assert!(
+        rec.memsize() > before + 200 * 32,
+        "{} vs {}",
+        rec.memsize(),
+        before
+    );
+}

@@ -1,0 +1,241 @@
+//! Stacks and heap records: each distinct allocation stack is kept once, with the number of
+//! tracked objects (pending or committed) that were allocated there.
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+use std::sync::Arc;
+
+use rustc_hash::FxHasher;
+
+use crate::error::{HeapError, Result, MAX_FRAMES_LIMIT};
+use crate::strings::{Batch, StringId};
+
+/// One frame of an allocation stack, as ids into the recorder's string storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Frame {
+    pub name: StringId,
+    pub filename: StringId,
+    pub line: i32,
+}
+
+/// A frame as the caller hands it in, before interning.
+#[derive(Debug, Clone, Copy)]
+pub struct RawFrame<'a> {
+    pub name: &'a str,
+    pub filename: &'a str,
+    pub line: i32,
+}
+
+/// A deduplicated stack, innermost frame first. Cheap to clone; immutable once built, so a
+/// snapshot can hand clones to a thread that does not hold the GVL.
+pub type Stack = Arc<[Frame]>;
+
+type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
+/// The set of heap records: stack -> number of tracked objects pointing at it.
+#[derive(Default)]
+pub struct HeapRecords {
+    records: FxMap<Stack, u32>,
+    /// Scratch buffer reused by every `acquire`, so a lookup of an existing stack allocates nothing.
+    scratch: Vec<Frame>,
+}
+
+impl HeapRecords {
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Number of objects that point at `stack` (0 when it is not recorded).
+    pub fn count(&self, stack: &[Frame]) -> u32 {
+        self.records.get(stack).copied().unwrap_or(0)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&Stack, u32)> {
+        self.records.iter().map(|(s, c)| (s, *c))
+    }
+
+    /// Interns `frames` in one batch and returns the heap record for them with its count raised
+    /// by one. When an equal stack exists, the ids just interned are given back and the existing
+    /// record is shared. Fails (changing nothing) past the frame cap or the per-stack count limit.
+    pub fn acquire(&mut self, strings: &mut Batch<'_>, frames: &[RawFrame<'_>]) -> Result<Stack> {
+        if frames.len() > MAX_FRAMES_LIMIT {
+            return Err(HeapError::TooManyFrames {
+                frames: frames.len(),
+                limit: MAX_FRAMES_LIMIT,
+            });
+        }
+        self.scratch.clear();
+        self.scratch.reserve(frames.len());
+        for raw in frames {
+            let interned =
+                strings
+                    .intern(raw.name)
+                    .and_then(|name| match strings.intern(raw.filename) {
+                        Ok(filename) => Ok((name, filename)),
+                        Err(e) => {
+                            let _ = strings.unintern(name);
+                            Err(e)
+                        }
+                    });
+            match interned {
+                Ok((name, filename)) => self.scratch.push(Frame {
+                    name,
+                    filename,
+                    line: raw.line,
+                }),
+                Err(e) => {
+                    release_ids(strings, &self.scratch);
+                    return Err(e);
+                }
+            }
+        }
+
+        if let Some((stack, count)) = self.records.get_key_value(self.scratch.as_slice()) {
+            let (stack, count) = (stack.clone(), *count);
+            // The existing record already holds its own references; give back ours first, so a
+            // count overflow below leaves the storage as it was.
+            release_ids(strings, &self.scratch);
+            let next = count
+                .checked_add(1)
+                .ok_or(HeapError::TooManyObjectsForStack { count })?;
+            self.records.insert(stack.clone(), next);
+            return Ok(stack);
+        }
+
+        let stack: Stack = Arc::from(self.scratch.as_slice());
+        self.records.insert(stack.clone(), 1);
+        Ok(stack)
+    }
+
+    /// Drops one object's claim on `stack`; the last claim removes the record and gives back all
+    /// of its string ids.
+    pub fn release(&mut self, strings: &mut Batch<'_>, stack: &Stack) -> Result<()> {
+        let Some(count) = self.records.get_mut(&**stack) else {
+            return Err(HeapError::Strings(
+                "released a stack that has no heap record".into(),
+            ));
+        };
+        *count -= 1;
+        if *count == 0 {
+            self.records.remove(&**stack);
+            release_ids(strings, stack);
+        }
+        Ok(())
+    }
+
+    /// Approximate heap bytes held (tables and stacks), for `ObjectSpace.memsize_of`.
+    pub fn memsize(&self) -> usize {
+        let table = self.records.capacity() * (std::mem::size_of::<(Stack, u32)>() + 1);
+        let stacks: usize = self
+            .records
+            .keys()
+            .map(|s| 16 + std::mem::size_of_val(&**s))
+            .sum();
+        table + stacks + self.scratch.capacity() * std::mem::size_of::<Frame>()
+    }
+}
+
+fn release_ids(strings: &mut Batch<'_>, frames: &[Frame]) {
+    // Unintern of an id we interned moments ago cannot fail short of a storage bug; there is
+    // nothing better to do with such a failure than to carry on giving back the rest.
+    let _ = strings.unintern_all(frames.iter().flat_map(|f| [f.name, f.filename]));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::strings::Strings;
+
+    fn raw(frames: &[(&'static str, &'static str, i32)]) -> Vec<RawFrame<'static>> {
+        frames
+            .iter()
+            .map(|&(name, filename, line)| RawFrame {
+                name,
+                filename,
+                line,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn equal_stacks_share_one_record() {
+        let strings = Strings::new();
+        let mut b = strings.lock().unwrap();
+        let mut records = HeapRecords::default();
+        let frames = raw(&[("a", "x.rb", 1), ("b", "y.rb", 2)]);
+        let s1 = records.acquire(&mut b, &frames).unwrap();
+        let s2 = records.acquire(&mut b, &frames).unwrap();
+        assert!(Arc::ptr_eq(&s1, &s2));
+        assert_eq!(records.len(), 1);
+        assert_eq!(records.count(&s1), 2);
+    }
+
+    #[test]
+    fn different_lines_are_different_stacks() {
+        let strings = Strings::new();
+        let mut b = strings.lock().unwrap();
+        let mut records = HeapRecords::default();
+        records.acquire(&mut b, &raw(&[("a", "x.rb", 1)])).unwrap();
+        records.acquire(&mut b, &raw(&[("a", "x.rb", 2)])).unwrap();
+        assert_eq!(records.len(), 2);
+    }
+
+    #[test]
+    fn last_release_removes_record_and_strings() {
+        let strings = Strings::new();
+        let mut b = strings.lock().unwrap();
+        let mut records = HeapRecords::default();
+        let frames = raw(&[("only_here", "only_here.rb", 1)]);
+        let s = records.acquire(&mut b, &frames).unwrap();
+        records.acquire(&mut b, &frames).unwrap();
+        records.release(&mut b, &s).unwrap();
+        assert_eq!(b.get(s[0].name).unwrap(), "only_here");
+        records.release(&mut b, &s).unwrap();
+        assert!(records.is_empty());
+        assert!(b.get(s[0].name).is_err());
+        assert!(b.get(s[0].filename).is_err());
+        assert!(records.release(&mut b, &s).is_err());
+    }
+
+    #[test]
+    fn frame_cap_is_3000() {
+        let strings = Strings::new();
+        let mut b = strings.lock().unwrap();
+        let mut records = HeapRecords::default();
+        let frames = vec![
+            RawFrame {
+                name: "f",
+                filename: "f.rb",
+                line: 1
+            };
+            3001
+        ];
+        let err = records.acquire(&mut b, &frames).unwrap_err();
+        assert_eq!(
+            err,
+            HeapError::TooManyFrames {
+                frames: 3001,
+                limit: 3000
+            }
+        );
+        assert!(err.to_string().contains("3001"));
+        assert!(records.acquire(&mut b, &frames[..3000]).is_ok());
+    }
+
+    #[test]
+    fn count_overflow_is_an_error_and_changes_nothing() {
+        let strings = Strings::new();
+        let mut b = strings.lock().unwrap();
+        let mut records = HeapRecords::default();
+        let frames = raw(&[("a", "x.rb", 1)]);
+        let s = records.acquire(&mut b, &frames).unwrap();
+        *records.records.get_mut(&*s).unwrap() = u32::MAX;
+        let err = records.acquire(&mut b, &frames).unwrap_err();
+        assert!(matches!(err, HeapError::TooManyObjectsForStack { .. }));
+        assert_eq!(records.count(&s), u32::MAX);
+    }
+}
