@@ -1,0 +1,32 @@
+# frozen_string_literal: true
+
+require_relative "lib/datadog_heap/version"
+
+Gem::Specification.new do |spec|
+  spec.name = "datadog_heap"
+  spec.version = DatadogHeap::VERSION
+  spec.authors = ["datadog_heap contributors"]
+  spec.license = "Apache-2.0"
+  spec.summary = "Sampling live-heap recorder for CRuby, written in Rust, with pprof output"
+  spec.description = <<~DESC
+    Samples one Ruby allocation in N, remembers its stack, tracks whether the object is still
+    alive, and reports the live ones as a pprof heap profile: a Rust port of the heap recorder in
+    Datadog's Ruby profiler, usable on its own from any Ruby program or profiler.
+  DESC
+  spec.required_ruby_version = ">= 3.1"
+
+  # Dir globs rather than `git ls-files`, so a checkout with uncommitted files builds too. The
+  # binding crate depends on the core crate by path, so the whole Cargo workspace ships: root
+  # Cargo.toml and Cargo.lock, src/ and ext/ (never a target/ directory or a stale Makefile).
+  spec.files = Dir[
+    "README.md", "LICENSE*", "Cargo.toml", "Cargo.lock", "*.gemspec",
+    "src/**/*",
+    "ext/**/{Cargo.toml,extconf.rb,*.rs}",
+    "lib/**/*.rb",
+    "exe/*",
+  ].reject { |f| File.directory?(f) || f.include?("/target/") }
+  spec.require_paths = ["lib"]
+  spec.bindir = "exe"
+  spec.executables = Dir["exe/*"].map { |f| File.basename(f) }
+  spec.extensions = ["ext/datadog_heap/extconf.rb"]
+end
