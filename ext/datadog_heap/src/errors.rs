@@ -1,0 +1,73 @@
+//! Mapping errors to Ruby exceptions, in one place, and keeping panics out of Ruby.
+//!
+//! `HeapError::InvalidArgument` becomes `ArgumentError`; every other core error becomes
+//! `DatadogHeap::Error` (a `RuntimeError`). A panic in a native method becomes
+//! `DatadogHeap::Error` too (magnus alone would raise `fatal`, which ends the process).
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::OnceLock;
+
+use datadog_heap_core::HeapError;
+use magnus::{value::Opaque, Error, ExceptionClass, Module, RModule, Ruby};
+
+static ERROR_CLASS: OnceLock<Opaque<ExceptionClass>> = OnceLock::new();
+
+/// Captures `DatadogHeap::Error` (defined by lib/datadog_heap.rb, or here if the extension is
+/// loaded on its own).
+pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+    let class: ExceptionClass = match module.const_get::<_, ExceptionClass>("Error") {
+        Ok(class) => class,
+        Err(_) => {
+            let class = module.define_error("Error", ruby.exception_runtime_error())?;
+            ruby.gc_register_mark_object(class);
+            class
+        }
+    };
+    let _ = ERROR_CLASS.set(class.into());
+    Ok(())
+}
+
+fn error_class(ruby: &Ruby) -> ExceptionClass {
+    ERROR_CLASS
+        .get()
+        .map(|c| ruby.get_inner(*c))
+        .unwrap_or_else(|| ruby.exception_runtime_error())
+}
+
+/// `DatadogHeap::Error` with `message`.
+pub fn heap_error(ruby: &Ruby, message: impl Into<String>) -> Error {
+    Error::new(error_class(ruby), message.into())
+}
+
+pub fn arg_error(ruby: &Ruby, message: impl Into<String>) -> Error {
+    Error::new(ruby.exception_arg_error(), message.into())
+}
+
+pub fn type_error(ruby: &Ruby, message: impl Into<String>) -> Error {
+    Error::new(ruby.exception_type_error(), message.into())
+}
+
+pub fn to_ruby(ruby: &Ruby, err: HeapError) -> Error {
+    match err {
+        HeapError::InvalidArgument { .. } => arg_error(ruby, err.to_string()),
+        other => heap_error(ruby, other.to_string()),
+    }
+}
+
+/// Runs a native method body, turning a panic into `DatadogHeap::Error` so it never unwinds
+/// into the VM. Every method this crate defines goes through it.
+pub fn guarded<T>(ruby: &Ruby, f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(result) => result,
+        Err(panic) => Err(heap_error(ruby, format!("internal error (Rust panic): {}", panic_message(&*panic)))),
+    }
+}
+
+/// The text a panic was raised with.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}

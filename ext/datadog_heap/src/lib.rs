@@ -1,0 +1,50 @@
+//! Ruby binding for datadog_heap: the only crate that touches the VM (DESIGN.md §3).
+//!
+//! `init` runs once, under the GVL, when Ruby loads `datadog_heap.so`. Each Ruby class has its
+//! own module with an `init`, called from the one `#[magnus::init]` below; raw C API calls live
+//! in `shims`.
+
+mod errors;
+mod gvl_cell;
+mod postponed;
+mod recorder;
+mod registry;
+mod ruby_vm;
+mod shims;
+mod weak_map;
+
+use magnus::{function, prelude::*, Error, Ruby};
+
+/// The binding crate's version; the gem checks it against `DatadogHeap::VERSION`.
+///
+/// Needs the GVL (allocates a Ruby String); does not raise.
+fn native_version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+/// Calls `after_fork` on every live recorder; lib/datadog_heap.rb runs it in a forked child.
+fn after_fork_all(ruby: &Ruby) -> Result<(), Error> {
+    errors::guarded(ruby, || {
+        // SAFETY: a Ruby method, so the GVL is held; `after_fork` makes no VM call, so no GC can
+        // free a recorder while we walk the list.
+        for recorder in unsafe { registry::all() } {
+            // SAFETY: pointers in the registry are to live recorders (see registry docs).
+            unsafe { &*recorder }.reset_after_fork();
+        }
+        Ok(())
+    })
+}
+
+/// Extension entry point (`Init_datadog_heap`). Runs under the GVL; may allocate and raise.
+#[magnus::init]
+fn init(ruby: &Ruby) -> Result<(), Error> {
+    // `define_module` reopens the module when lib/datadog_heap.rb has already defined it.
+    let module = ruby.define_module("DatadogHeap")?;
+    errors::init(ruby, module)?;
+    weak_map::init(ruby)?;
+    postponed::init();
+    recorder::init(ruby, module)?;
+    module.define_singleton_method("_native_version", function!(native_version, 0))?;
+    module.define_singleton_method("_native_after_fork_all", function!(after_fork_all, 0))?;
+    Ok(())
+}

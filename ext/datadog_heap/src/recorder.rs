@@ -1,0 +1,448 @@
+//! `DatadogHeap::Recorder`: a core `HeapRecorder` plus its WeakMap, wrapped as TypedData.
+//!
+//! Keyword arguments, defaults and type checks of options live in lib/datadog_heap/recorder.rb;
+//! the natives here are positional and `_native_`-prefixed where Ruby wraps them.
+
+use std::cell::{Cell, RefCell};
+
+use datadog_heap_core::{
+    CommitOutcome, HeapRecorder, RawFrame, RecordOutcome, RecorderOptions, StatValue, UpdateKind,
+    UpdateOutcome, MAX_FRAMES_LIMIT,
+};
+use magnus::{
+    function, method,
+    prelude::*,
+    rb_sys::AsRawValue,
+    typed_data::Obj,
+    value::{Opaque, ReprValue},
+    DataTypeFunctions, Error, IntoValue, RArray, RClass, RHash, RModule, RString, Ruby, TypedData, Value,
+};
+use rb_sys::VALUE;
+
+use crate::errors::{arg_error, guarded, heap_error, type_error};
+use crate::ruby_vm::RubyVm;
+use crate::{postponed, registry, shims, weak_map};
+
+#[derive(TypedData)]
+#[magnus(class = "DatadogHeap::Recorder", free_immediately, mark, size)]
+pub struct Recorder {
+    core: HeapRecorder,
+    /// The liveness table (ObjectSpace::WeakMap); marked, so it lives as long as we do.
+    weak_map: Opaque<Value>,
+    /// Our own Ruby object, so the commit job can keep it alive on its stack while it works.
+    self_value: Cell<VALUE>,
+    max_frames: Cell<usize>,
+    sample_every: Cell<u64>,
+    /// Test switch: when false, recordings wait for an explicit `commit`.
+    postponed_commits: Cell<bool>,
+    /// The last error a postponed commit hit (it cannot raise where it runs); reported by
+    /// `stats` and raised by the next explicit `commit`.
+    job_error: RefCell<Option<String>>,
+}
+
+impl DataTypeFunctions for Recorder {
+    /// Marks the WeakMap and the pending objects only. Tracked objects are deliberately not
+    /// marked: the WeakMap holds them weakly, which is how we learn they died. Pending objects
+    /// are marked (and so pinned) until their commit. Never panics or allocates.
+    fn mark(&self, marker: &magnus::gc::Marker) {
+        marker.mark(self.weak_map);
+        self.core.for_each_pending_object(|object| {
+            // SAFETY: pending objects are VALUEs the VM handed us in the allocation hook or in
+            // `record_allocation`, kept alive by this very marking since then.
+            unsafe { rb_sys::rb_gc_mark(object as VALUE) };
+        });
+    }
+
+    fn size(&self) -> usize {
+        std::mem::size_of::<Self>() + self.core.memsize()
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        // SAFETY: runs in the TypedData free function, during GC sweep, with the GVL.
+        unsafe { registry::remove(self as *const Recorder) };
+    }
+}
+
+fn u32_arg(ruby: &Ruby, name: &str, value: u64) -> Result<u32, Error> {
+    u32::try_from(value).map_err(|_| arg_error(ruby, format!("{name} must be at most {}, got {value}", u32::MAX)))
+}
+
+impl Recorder {
+    /// `_native_new(sample_every, sample_rate, size_enabled, max_frames)`; Ruby has validated.
+    fn native_new(
+        ruby: &Ruby,
+        class: RClass,
+        sample_every: u64,
+        sample_rate: u64,
+        size_enabled: bool,
+        max_frames: usize,
+    ) -> Result<Obj<Recorder>, Error> {
+        guarded(ruby, || {
+            let sample_rate = u32_arg(ruby, "sample_rate", sample_rate)?;
+            if !(1..=MAX_FRAMES_LIMIT).contains(&max_frames) {
+                return Err(arg_error(
+                    ruby,
+                    format!("max_frames must be between 1 and {MAX_FRAMES_LIMIT}, got {max_frames}"),
+                ));
+            }
+            let core = HeapRecorder::new(RecorderOptions { sample_rate, size_enabled });
+            // Allocates and may GC; nothing refers to the recorder yet, so nothing is half-seen.
+            let weak_map = weak_map::new_map(ruby)?;
+            let recorder = Recorder {
+                core,
+                weak_map: weak_map.into(),
+                self_value: Cell::new(0),
+                max_frames: Cell::new(max_frames),
+                sample_every: Cell::new(sample_every),
+                postponed_commits: Cell::new(true),
+                job_error: RefCell::new(None),
+            };
+            let obj = ruby.obj_wrap_as(recorder, class);
+            obj.self_value.set(obj.as_raw());
+            // SAFETY: GVL held; the recorder lives in the TypedData box at a fixed address until
+            // its Drop removes it from the registry.
+            unsafe { registry::add(&*obj as *const Recorder) };
+            Ok(obj)
+        })
+    }
+
+    pub fn has_pending(&self) -> bool {
+        self.core.stats().map(|s| s.pending_recordings_count > 0).unwrap_or(false)
+    }
+
+    fn weak_map(&self, ruby: &Ruby) -> Value {
+        ruby.get_inner(self.weak_map)
+    }
+
+    /// Runs `f` with a VM handle, turning a core error into the right Ruby error (the original
+    /// exception when a WeakMap call raised).
+    fn with_vm<T>(&self, ruby: &Ruby, f: impl FnOnce(&mut RubyVm) -> datadog_heap_core::Result<T>) -> Result<T, Error> {
+        let mut vm = RubyVm::new(ruby, self.weak_map(ruby));
+        match f(&mut vm) {
+            Ok(v) => Ok(v),
+            Err(e) => Err(vm.into_ruby_error(e)),
+        }
+    }
+
+    /// Commit from the postponed job: errors are kept, never raised.
+    pub fn commit_pending_from_job(&self) {
+        let Ok(ruby) = Ruby::get() else { return };
+        let keep_alive = self.self_value.get();
+        let result = self.with_vm(&ruby, |vm| self.core.commit(vm));
+        if let Err(e) = result {
+            *self.job_error.borrow_mut() = Some(e.to_string());
+        }
+        // Holds our own object on this stack until the commit is over, so a GC the commit lets
+        // run cannot free us mid-way (the same idea as RB_GC_GUARD).
+        std::hint::black_box(&keep_alive);
+    }
+
+    /// `_native_record_allocation(obj, weight, class_name, locations)` -> true when pending.
+    fn record_allocation(
+        ruby: &Ruby,
+        rb_self: &Self,
+        object: Value,
+        weight: Value,
+        class_name: Value,
+        locations: Value,
+    ) -> Result<bool, Error> {
+        guarded(ruby, || {
+            let raw = object.as_raw();
+            if shims::heap_type(raw).is_none() {
+                return Err(arg_error(
+                    ruby,
+                    format!(
+                        "obj must be a heap object, got {} ({}): immediates cannot be tracked",
+                        object.inspect(),
+                        object.class().inspect()
+                    ),
+                ));
+            }
+            let weight = integer_arg(ruby, "weight", weight)?;
+            if weight < 1 {
+                return Err(arg_error(ruby, format!("weight must be a positive Integer, got {weight}")));
+            }
+            let weight = u32_arg(ruby, "weight", weight as u64)?;
+            let class_name = if class_name.is_nil() {
+                None
+            } else {
+                let s = RString::from_value(class_name).ok_or_else(|| {
+                    type_error(ruby, format!("class_name must be a String or nil, got {}", class_name.class().inspect()))
+                })?;
+                Some(owned_string(s))
+            };
+            let frames = convert_locations(ruby, locations, rb_self.max_frames.get())?;
+            let raw_frames: Vec<RawFrame> = frames
+                .iter()
+                .map(|(name, file, line)| RawFrame { name, filename: file, line: *line })
+                .collect();
+            let recorded = rb_self
+                .core
+                .record_allocation(raw as usize, weight, class_name.as_deref(), &raw_frames, shims::gc_count())
+                .map_err(|e| crate::errors::to_ruby(ruby, e))?;
+            if recorded.needs_commit && rb_self.postponed_commits.get() {
+                postponed::request_commit();
+            }
+            Ok(recorded.outcome == RecordOutcome::Pending)
+        })
+    }
+
+    /// `commit` -> number of recordings committed (0 when another commit/update is busy).
+    fn commit(ruby: &Ruby, rb_self: &Self) -> Result<usize, Error> {
+        guarded(ruby, || {
+            if let Some(message) = rb_self.job_error.borrow_mut().take() {
+                return Err(heap_error(ruby, format!("a postponed commit failed: {message}")));
+            }
+            match rb_self.with_vm(ruby, |vm| rb_self.core.commit(vm))? {
+                CommitOutcome::Committed(n) => Ok(n),
+                CommitOutcome::SkippedLocked => Ok(0),
+            }
+        })
+    }
+
+    /// `update_young_objects` -> true when the update ran (it is skipped while busy, within 2 s
+    /// of the previous one, or with no GC since).
+    fn update_young_objects(ruby: &Ruby, rb_self: &Self) -> Result<bool, Error> {
+        guarded(ruby, || {
+            let outcome = rb_self.with_vm(ruby, |vm| rb_self.core.update(vm, UpdateKind::Young))?;
+            Ok(matches!(outcome, UpdateOutcome::Done(_)))
+        })
+    }
+
+    /// `_native_each_live_object { |locations, weight, size, class_name, alloc_gen, gen_age, frozen| }`
+    /// after a full update; the iteration ends (even on error or break) before this returns.
+    fn each_live_object(ruby: &Ruby, rb_self: &Self) -> Result<Value, Error> {
+        guarded(ruby, || {
+            if !ruby.block_given() {
+                return Err(arg_error(ruby, "each_live_object needs a block"));
+            }
+            let snapshot = rb_self.with_vm(ruby, |vm| rb_self.core.prepare_iteration(vm))?;
+            let mut objects = Vec::new();
+            snapshot.for_each_live(|o| {
+                objects.push(o.clone());
+                true
+            });
+            let result = (|| -> Result<(), Error> {
+                for object in &objects {
+                    let (frames, class) = {
+                        let strings = snapshot.strings().lock().map_err(|e| crate::errors::to_ruby(ruby, e))?;
+                        let name = |id| strings.get(id).map_err(|e| crate::errors::to_ruby(ruby, e));
+                        let frames = object
+                            .stack
+                            .iter()
+                            .map(|f| Ok((name(f.name)?, name(f.filename)?, f.line)))
+                            .collect::<Result<Vec<_>, Error>>()?;
+                        let class = if object.data.class == 0 { None } else { Some(name(object.data.class)?) };
+                        (frames, class)
+                    };
+                    let locations = ruby.ary_new_capa(frames.len());
+                    for (name, file, line) in frames {
+                        locations.push((name, file, line))?;
+                    }
+                    let d = &object.data;
+                    let args = ruby.ary_new_capa(7);
+                    args.push(locations)?;
+                    args.push(d.weight)?;
+                    args.push(d.size)?;
+                    args.push(class)?;
+                    args.push(d.alloc_gen)?;
+                    args.push(d.gen_age)?;
+                    args.push(d.frozen)?;
+                    let _: Value = ruby.yield_splat(args)?;
+                }
+                Ok(())
+            })();
+            // Ends the iteration whatever happened in the block; an error from that is only
+            // worth raising when the block itself went fine.
+            let finished = rb_self.core.finish_iteration().map_err(|e| crate::errors::to_ruby(ruby, e));
+            result?;
+            finished?;
+            Ok(ruby.qnil().as_value())
+        })
+    }
+
+    fn stats(ruby: &Ruby, rb_self: &Self) -> Result<RHash, Error> {
+        guarded(ruby, || {
+            let stats = rb_self.core.stats().map_err(|e| crate::errors::to_ruby(ruby, e))?;
+            let hash = ruby.hash_new();
+            for (key, value) in stats.entries() {
+                let value = match value {
+                    StatValue::Count(c) => c.into_value_with(ruby),
+                    StatValue::Ratio(r) => r.into_value_with(ruby),
+                };
+                hash.aset(ruby.to_symbol(key), value)?;
+            }
+            hash.aset(ruby.to_symbol("last_commit_error"), rb_self.job_error.borrow().clone())?;
+            Ok(hash)
+        })
+    }
+
+    fn after_fork(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
+        guarded(ruby, || rb_self.core.after_fork().map_err(|e| crate::errors::to_ruby(ruby, e)))
+    }
+
+    /// `debug` -> `[[:records, [String, ...]], [:state, stats]]`.
+    fn debug(ruby: &Ruby, rb_self: &Self) -> Result<RArray, Error> {
+        let lines = guarded(ruby, || rb_self.core.debug_lines().map_err(|e| crate::errors::to_ruby(ruby, e)))?;
+        let stats = Self::stats(ruby, rb_self)?;
+        let records = ruby.ary_from_vec(lines);
+        let records = ruby.ary_new_from_values(&[ruby.to_symbol("records").as_value(), records.as_value()]);
+        let state = ruby.ary_new_from_values(&[ruby.to_symbol("state").as_value(), stats.as_value()]);
+        Ok(ruby.ary_new_from_values(&[records, state]))
+    }
+
+    /// `record_id_for(obj)` -> the id under which `obj` is tracked, or nil.
+    fn record_id_for(ruby: &Ruby, rb_self: &Self, object: Value) -> Result<Option<i64>, Error> {
+        guarded(ruby, || {
+            let ids = rb_self.core.record_ids().map_err(|e| crate::errors::to_ruby(ruby, e))?;
+            let map = rb_self.weak_map(ruby);
+            for id in ids {
+                if let Some(found) = weak_map::get(ruby, map, id)? {
+                    if found.as_raw() == object.as_raw() {
+                        return Ok(Some(id));
+                    }
+                }
+            }
+            Ok(None)
+        })
+    }
+
+    fn is_recorded(ruby: &Ruby, rb_self: &Self, record_id: Value) -> Result<bool, Error> {
+        guarded(ruby, || {
+            let id = integer_arg(ruby, "record_id", record_id)?;
+            rb_self.core.is_recorded(id).map_err(|e| crate::errors::to_ruby(ruby, e))
+        })
+    }
+
+    fn exhaust_record_ids(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
+        guarded(ruby, || rb_self.core.exhaust_record_ids().map_err(|e| crate::errors::to_ruby(ruby, e)))
+    }
+
+    fn reset_last_update(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
+        guarded(ruby, || rb_self.core.reset_last_update().map_err(|e| crate::errors::to_ruby(ruby, e)))
+    }
+
+    fn sample_rate(ruby: &Ruby, rb_self: &Self) -> Result<u32, Error> {
+        guarded(ruby, || Ok(rb_self.core.options().map_err(|e| crate::errors::to_ruby(ruby, e))?.sample_rate))
+    }
+
+    fn set_sample_rate(ruby: &Ruby, rb_self: &Self, rate: u64) -> Result<(), Error> {
+        guarded(ruby, || {
+            let rate = u32_arg(ruby, "sample_rate", rate)?;
+            rb_self.core.set_sample_rate(rate).map_err(|e| crate::errors::to_ruby(ruby, e))
+        })
+    }
+
+    fn size_enabled(ruby: &Ruby, rb_self: &Self) -> Result<bool, Error> {
+        guarded(ruby, || Ok(rb_self.core.options().map_err(|e| crate::errors::to_ruby(ruby, e))?.size_enabled))
+    }
+
+    fn set_size_enabled(ruby: &Ruby, rb_self: &Self, enabled: bool) -> Result<(), Error> {
+        guarded(ruby, || rb_self.core.set_size_enabled(enabled).map_err(|e| crate::errors::to_ruby(ruby, e)))
+    }
+
+    fn max_frames(&self) -> usize {
+        self.max_frames.get()
+    }
+
+    fn sample_every(&self) -> u64 {
+        self.sample_every.get()
+    }
+
+    fn set_postponed_commits(&self, enabled: bool) {
+        self.postponed_commits.set(enabled);
+    }
+}
+
+/// An Integer argument as i64; TypeError for non-Integers, ArgumentError past 64 bits.
+fn integer_arg(ruby: &Ruby, name: &str, value: Value) -> Result<i64, Error> {
+    let Some(int) = magnus::Integer::from_value(value) else {
+        return Err(type_error(ruby, format!("{name} must be an Integer, got {}", value.class().inspect())));
+    };
+    int.to_i64().map_err(|_| arg_error(ruby, format!("{name} is out of range: {}", value.inspect())))
+}
+
+/// The bytes of a Ruby String as UTF-8, replacing invalid sequences.
+fn owned_string(s: RString) -> String {
+    // SAFETY: the slice is copied out before any other Ruby call could move or change `s`.
+    let bytes = unsafe { s.as_slice() };
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// `locations` -> owned frames, innermost first. A stack deeper than `max_frames` keeps its
+/// innermost `max_frames - 1` frames and ends with a "(N frames truncated)" frame.
+fn convert_locations(ruby: &Ruby, locations: Value, max_frames: usize) -> Result<Vec<(String, String, i32)>, Error> {
+    let array = RArray::from_value(locations).ok_or_else(|| {
+        type_error(ruby, format!("locations must be an Array of [name, path, line], got {}", locations.class().inspect()))
+    })?;
+    let len = array.len();
+    let keep = if len > max_frames { max_frames.saturating_sub(1) } else { len };
+    let mut frames = Vec::with_capacity(keep + 1);
+    for i in 0..keep {
+        let entry: Value = array.entry(i as isize)?;
+        let bad = || {
+            type_error(
+                ruby,
+                format!("locations[{i}] must be [String, String, Integer], got {}", entry.inspect()),
+            )
+        };
+        let frame = RArray::from_value(entry).ok_or_else(bad)?;
+        if frame.len() != 3 {
+            return Err(bad());
+        }
+        let name = RString::from_value(frame.entry(0)?).ok_or_else(bad)?;
+        let path = RString::from_value(frame.entry(1)?).ok_or_else(bad)?;
+        let line_value: Value = frame.entry(2)?;
+        if magnus::Integer::from_value(line_value).is_none() {
+            return Err(bad());
+        }
+        let line = integer_arg(ruby, "line", line_value)?;
+        let line = i32::try_from(line)
+            .map_err(|_| arg_error(ruby, format!("locations[{i}] line must fit in 32 bits, got {line}")))?;
+        frames.push((owned_string(name), owned_string(path), line));
+    }
+    if len > keep {
+        frames.push((format!("({} frames truncated)", len - keep), String::new(), 0));
+    }
+    Ok(frames)
+}
+
+pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+    let class = module.define_class("Recorder", ruby.class_object())?;
+    class.undef_default_alloc_func();
+    class.define_singleton_method("_native_new", function!(Recorder::native_new, 5))?;
+    class.define_method("_native_record_allocation", method!(Recorder::record_allocation, 4))?;
+    class.define_method("commit", method!(Recorder::commit, 0))?;
+    class.define_method("update_young_objects", method!(Recorder::update_young_objects, 0))?;
+    class.define_method("_native_each_live_object", method!(Recorder::each_live_object, 0))?;
+    class.define_method("stats", method!(Recorder::stats, 0))?;
+    class.define_method("after_fork", method!(Recorder::after_fork, 0))?;
+    class.define_method("debug", method!(Recorder::debug, 0))?;
+    class.define_method("record_id_for", method!(Recorder::record_id_for, 1))?;
+    class.define_method("recorded?", method!(Recorder::is_recorded, 1))?;
+    class.define_method("exhaust_record_ids!", method!(Recorder::exhaust_record_ids, 0))?;
+    class.define_method("reset_last_update!", method!(Recorder::reset_last_update, 0))?;
+    class.define_method("sample_rate", method!(Recorder::sample_rate, 0))?;
+    class.define_method("_native_set_sample_rate", method!(Recorder::set_sample_rate, 1))?;
+    class.define_method("size_enabled", method!(Recorder::size_enabled, 0))?;
+    class.define_method("_native_set_size_enabled", method!(Recorder::set_size_enabled, 1))?;
+    class.define_method("max_frames", method!(Recorder::max_frames, 0))?;
+    class.define_method("sample_every", method!(Recorder::sample_every, 0))?;
+
+    let testing = module.define_module("Testing")?;
+    testing.define_singleton_method(
+        "_native_set_postponed_commits",
+        function!(|rec: &Recorder, enabled: bool| rec.set_postponed_commits(enabled), 2),
+    )?;
+    Ok(())
+}
+
+impl Recorder {
+    /// The fork hook's entry: never raises (a failure leaves the recorder as it was).
+    pub fn reset_after_fork(&self) {
+        let _ = self.core.after_fork();
+        self.job_error.borrow_mut().take();
+    }
+}

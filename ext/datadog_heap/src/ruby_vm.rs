@@ -1,0 +1,80 @@
+//! The core's `Vm` trait over the real VM: WeakMap reads and writes, object sizes, the GC count,
+//! the monotonic clock, and yielding to other threads.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use datadog_heap_core::{HeapError, LiveInfo, ObjectRef, Vm};
+use magnus::{rb_sys::FromRawValue, Error, Ruby, Value};
+
+use crate::{shims, weak_map};
+
+/// One use of the VM by a core operation. A Ruby exception raised by a WeakMap call is kept
+/// here, and the core sees only `HeapError::Host`; `into_ruby_error` hands the original back so
+/// it is re-raised unchanged (an `Interrupt` or a `Timeout::Error` stays what it was).
+pub struct RubyVm<'a> {
+    ruby: &'a Ruby,
+    weak_map: Value,
+    raised: Option<Error>,
+}
+
+impl<'a> RubyVm<'a> {
+    pub fn new(ruby: &'a Ruby, weak_map: Value) -> Self {
+        RubyVm {
+            ruby,
+            weak_map,
+            raised: None,
+        }
+    }
+
+    /// The Ruby error for a core error, the original exception when a VM call raised.
+    pub fn into_ruby_error(mut self, err: HeapError) -> Error {
+        match (err, self.raised.take()) {
+            (HeapError::Host(_), Some(raised)) => raised,
+            (err, _) => crate::errors::to_ruby(self.ruby, err),
+        }
+    }
+
+    fn keep(&mut self, err: Error) -> HeapError {
+        let message = err.to_string();
+        self.raised = Some(err);
+        HeapError::Host(message)
+    }
+}
+
+impl Vm for RubyVm<'_> {
+    fn remember(&mut self, record_id: i64, object: ObjectRef) -> datadog_heap_core::Result<()> {
+        // SAFETY: `object` came from a pending recording, which the recorder's mark function
+        // keeps marked (and so alive and unmoved) until this commit takes it off the queue.
+        let object = unsafe { Value::from_raw(object as rb_sys::VALUE) };
+        weak_map::set(self.ruby, self.weak_map, record_id, object).map_err(|e| self.keep(e))
+    }
+
+    fn lookup(&mut self, record_id: i64, measure_size: bool) -> datadog_heap_core::Result<Option<LiveInfo>> {
+        let found = weak_map::get(self.ruby, self.weak_map, record_id).map_err(|e| self.keep(e))?;
+        Ok(found.map(|object| LiveInfo {
+            frozen: shims::is_frozen(object),
+            size: measure_size.then(|| shims::memsize_of(object)),
+        }))
+    }
+
+    fn yield_thread(&mut self) {
+        shims::thread_schedule();
+    }
+
+    fn gc_count(&self) -> u64 {
+        shims::gc_count()
+    }
+
+    fn now_ns(&self) -> i64 {
+        monotonic_ns()
+    }
+}
+
+/// Nanoseconds on a monotonic clock (from the first call in this process image; a forked child
+/// inherits the same origin).
+pub fn monotonic_ns() -> i64 {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    let origin = ORIGIN.get_or_init(Instant::now);
+    i64::try_from(origin.elapsed().as_nanos()).unwrap_or(i64::MAX)
+}

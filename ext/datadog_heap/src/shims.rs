@@ -1,0 +1,103 @@
+//! Raw C API calls, each behind a small safe function with its contract. The rest of the crate
+//! goes through these (or magnus) and never calls rb-sys directly.
+
+use magnus::{rb_sys::AsRawValue, Value};
+use rb_sys::{ruby_value_type as T, StableApiDefinition, VALUE};
+
+extern "C" {
+    // Exported by libruby (gc.c) but not declared in its public headers. Returns the bytes an
+    // object uses, slot included; must only see the types `memsize_of` lets through.
+    fn rb_obj_memsize_of(obj: VALUE) -> usize;
+}
+
+/// Number of GCs so far. Needs the GVL; never raises or allocates.
+pub fn gc_count() -> u64 {
+    // SAFETY: reads a counter; safe from any thread holding the GVL, including inside hooks.
+    unsafe { rb_sys::rb_gc_count() as u64 }
+}
+
+/// Lets other Ruby threads run. Needs the GVL and releases it for a moment: callers must hold
+/// no borrow of shared state across it.
+pub fn thread_schedule() {
+    // SAFETY: called from a Ruby thread that holds the GVL (all callers are Ruby methods).
+    unsafe { rb_sys::rb_thread_schedule() }
+}
+
+/// The builtin type of a heap object, `None` for immediates (Integer, Symbol, nil, ...).
+pub fn heap_type(raw: VALUE) -> Option<T> {
+    let api = rb_sys::stable_api::get_default();
+    if api.special_const_p(raw) {
+        return None;
+    }
+    // SAFETY: not a special constant, so `raw` points at a live heap slot (the caller holds a
+    // reference to it or got it from the VM just now).
+    Some(unsafe { api.builtin_type(raw) })
+}
+
+/// Is this object frozen? Never raises or allocates.
+pub fn is_frozen(object: Value) -> bool {
+    let raw = object.as_raw();
+    let api = rb_sys::stable_api::get_default();
+    if api.special_const_p(raw) {
+        return true;
+    }
+    // SAFETY: a heap object handed to us by the VM (a WeakMap read) and still referenced.
+    unsafe { api.frozen_p(raw) }
+}
+
+/// Types whose size `rb_obj_memsize_of` can report; the rest (internal VM objects, freed or
+/// moved slots) are known to trip it up and report 0.
+fn memsize_supported(t: T) -> bool {
+    matches!(
+        t,
+        T::RUBY_T_OBJECT
+            | T::RUBY_T_CLASS
+            | T::RUBY_T_MODULE
+            | T::RUBY_T_FLOAT
+            | T::RUBY_T_STRING
+            | T::RUBY_T_REGEXP
+            | T::RUBY_T_ARRAY
+            | T::RUBY_T_HASH
+            | T::RUBY_T_STRUCT
+            | T::RUBY_T_BIGNUM
+            | T::RUBY_T_FILE
+            | T::RUBY_T_DATA
+            | T::RUBY_T_MATCH
+            | T::RUBY_T_COMPLEX
+            | T::RUBY_T_RATIONAL
+            | T::RUBY_T_SYMBOL
+    )
+}
+
+/// Bytes used by `object` as `ObjectSpace.memsize_of` counts them (0 for immediates and
+/// internal objects). Needs the GVL. For T_DATA it runs the extension's own size function.
+pub fn memsize_of(object: Value) -> usize {
+    let raw = object.as_raw();
+    match heap_type(raw) {
+        // SAFETY: a live user-visible heap object of a type rb_obj_memsize_of handles.
+        Some(t) if memsize_supported(t) => unsafe { rb_obj_memsize_of(raw) },
+        _ => 0,
+    }
+}
+
+/// Internal VM objects that must never be tracked: not user-visible, or hidden (no class).
+/// Never allocates or raises; usable inside the allocation hook.
+pub fn is_internal_object(raw: VALUE) -> bool {
+    let Some(t) = heap_type(raw) else {
+        return false;
+    };
+    if matches!(
+        t,
+        T::RUBY_T_NONE
+            | T::RUBY_T_IMEMO
+            | T::RUBY_T_NODE
+            | T::RUBY_T_ICLASS
+            | T::RUBY_T_ZOMBIE
+            | T::RUBY_T_MOVED
+    ) {
+        return true;
+    }
+    let api = rb_sys::stable_api::get_default();
+    // SAFETY: a heap object (checked above); reading its class field has no side effect.
+    unsafe { api.rbasic_class(raw).is_none() }
+}

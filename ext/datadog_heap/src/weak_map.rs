@@ -1,0 +1,77 @@
+//! The liveness table: one `ObjectSpace::WeakMap` per recorder, record_id (Fixnum) -> object.
+//!
+//! A WeakMap entry goes away when its key or its value is collected. A Fixnum key is never
+//! collected, so the entry lives exactly as long as the object: reading it back answers "is it
+//! alive?". We never store nil, so nil from a read always means "collected".
+//!
+//! The class and its `[]`/`[]=` methods are captured as UnboundMethods when the extension loads
+//! and called through `bind_call`, so code that later redefines `WeakMap#[]` or `#[]=` does not
+//! change what we do.
+//!
+//! Both calls need the GVL, may raise, may let other threads run, and (before Ruby 3.3, where
+//! WeakMap registers finalizers) may allocate: never call them from the allocation hook.
+
+use std::sync::OnceLock;
+
+use magnus::{
+    value::{LazyId, Opaque, ReprValue},
+    Class, Error, Module, RClass, RModule, Ruby, Value,
+};
+
+struct WeakMapMethods {
+    class: Opaque<RClass>,
+    aref: Opaque<Value>,
+    aset: Opaque<Value>,
+}
+
+static METHODS: OnceLock<WeakMapMethods> = OnceLock::new();
+static BIND_CALL: LazyId = LazyId::new("bind_call");
+
+pub fn init(ruby: &Ruby) -> Result<(), Error> {
+    let object_space: RModule = ruby.class_object().const_get("ObjectSpace")?;
+    let class: RClass = object_space.const_get("WeakMap")?;
+    let aref: Value = class.funcall("instance_method", (ruby.to_symbol("[]"),))?;
+    let aset: Value = class.funcall("instance_method", (ruby.to_symbol("[]="),))?;
+    ruby.gc_register_mark_object(aref);
+    ruby.gc_register_mark_object(aset);
+    let _ = METHODS.set(WeakMapMethods {
+        class: class.into(),
+        aref: aref.into(),
+        aset: aset.into(),
+    });
+    Ok(())
+}
+
+fn methods(ruby: &Ruby) -> Result<&'static WeakMapMethods, Error> {
+    METHODS
+        .get()
+        .ok_or_else(|| crate::errors::heap_error(ruby, "datadog_heap: WeakMap methods not captured at load"))
+}
+
+/// A new, empty WeakMap. Allocates.
+pub fn new_map(ruby: &Ruby) -> Result<Value, Error> {
+    let m = methods(ruby)?;
+    ruby.get_inner(m.class).new_instance(())
+}
+
+/// `map[record_id] = object`.
+pub fn set(ruby: &Ruby, map: Value, record_id: i64, object: Value) -> Result<(), Error> {
+    let m = methods(ruby)?;
+    if object.is_nil() {
+        return Err(crate::errors::heap_error(ruby, "cannot track nil: a nil value would read as collected"));
+    }
+    let _: Value = ruby.get_inner(m.aset).funcall(
+        *BIND_CALL,
+        (map, ruby.integer_from_i64(record_id), object),
+    )?;
+    Ok(())
+}
+
+/// `map[record_id]`: the object, or `None` once it was collected.
+pub fn get(ruby: &Ruby, map: Value, record_id: i64) -> Result<Option<Value>, Error> {
+    let m = methods(ruby)?;
+    let found: Value = ruby
+        .get_inner(m.aref)
+        .funcall(*BIND_CALL, (map, ruby.integer_from_i64(record_id)))?;
+    Ok((!found.is_nil()).then_some(found))
+}

@@ -1,0 +1,47 @@
+# frozen_string_literal: true
+
+require_relative "datadog_heap/version"
+
+# Sampling live-heap recorder for CRuby, written in Rust (see README.md).
+module DatadogHeap
+  # Recorder misuse and internal inconsistencies. A RuntimeError, so code that rescues the
+  # reference recorder's RuntimeError keeps working.
+  class Error < RuntimeError; end
+
+  # Rubies whose ObjectSpace::WeakMap GC.compact can corrupt (https://bugs.ruby-lang.org/issues/19529).
+  WEAK_MAP_COMPACTION_BUG = Gem::Requirement.new([">= 3.1.0", "< 3.1.4"]).satisfied_by?(Gem::Version.new(RUBY_VERSION)) ||
+    Gem::Requirement.new([">= 3.2.0", "< 3.2.3"]).satisfied_by?(Gem::Version.new(RUBY_VERSION))
+
+  @warned_about_ruby_version = false
+
+  # Warns once per process when this Ruby has the WeakMap compaction bug.
+  def self.warn_about_ruby_version
+    return if @warned_about_ruby_version || !WEAK_MAP_COMPACTION_BUG
+
+    @warned_about_ruby_version = true
+    warn "datadog_heap: Ruby #{RUBY_VERSION} has bug #19529 (GC.compact can corrupt ObjectSpace::WeakMap, " \
+      "which tracks live objects); avoid GC.compact or use Ruby >= 3.1.4 / >= 3.2.3"
+  end
+
+  # Runs after_fork on every recorder in a forked child (Process.fork, Kernel#fork, IO.popen
+  # with "-", Process.daemon all go through Process._fork on Ruby >= 3.1).
+  module ForkHook
+    def _fork
+      pid = super
+      DatadogHeap._native_after_fork_all if pid == 0
+      pid
+    end
+  end
+end
+
+# A build for this Ruby's minor version first (`rake compile` and precompiled gems put it there),
+# then the one `gem install` compiles.
+begin
+  require "datadog_heap/#{RUBY_VERSION[/\d+\.\d+/]}/datadog_heap"
+rescue LoadError
+  require "datadog_heap/datadog_heap"
+end
+
+require_relative "datadog_heap/recorder"
+
+Process.singleton_class.prepend(DatadogHeap::ForkHook)
