@@ -45,3 +45,30 @@ end
 require_relative "datadog_heap/recorder"
 
 Process.singleton_class.prepend(DatadogHeap::ForkHook)
+
+# The process-wide recorder.
+module DatadogHeap
+  @recorder = nil
+
+  class << self
+    # The process-wide recorder (nil before the first start).
+    attr_reader :recorder
+
+    # Starts sampling into the process-wide recorder, creating it with `opts` (see Recorder)
+    # the first time. Options given to a later start must match, or stop and create anew.
+    def start(**opts)
+      @recorder ||= Recorder.new(**opts)
+      unless opts.empty? || opts.all? { |k, v| @recorder.public_send(k) == v }
+        raise ArgumentError, "DatadogHeap is already set up with #{@recorder.inspect}; options #{opts.inspect} differ"
+      end
+      @recorder.start
+      @recorder
+    end
+
+    # Stops sampling; what is tracked stays readable through DatadogHeap.recorder.
+    def stop
+      @recorder&.stop
+      @recorder
+    end
+  end
+end

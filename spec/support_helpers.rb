@@ -36,7 +36,8 @@ RSpec.configure do |config|
   # On failure, show the recorder's state (when the example kept it in @rec).
   config.after do |example|
     if example.exception && defined?(@rec) && @rec
-      warn "recorder.debug: #{@rec.debug.inspect}"
+      records, state = @rec.debug
+      warn "recorder.debug: #{records[1].size} records, first: #{records[1].first(5).inspect}\nstate: #{state[1].inspect}"
     end
   end
 end

@@ -56,10 +56,17 @@ pub fn to_ruby(ruby: &Ruby, err: HeapError) -> Error {
 
 /// Runs a native method body, turning a panic into `DatadogHeap::Error` so it never unwinds
 /// into the VM. Every method this crate defines goes through it.
+///
+/// Allocations made while it runs are our own work, not the program's: the sampler skips them
+/// (and counts them as `sampler_skipped_reentrant`).
 pub fn guarded<T>(ruby: &Ruby, f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
+    let _busy = crate::sampler::BusyGuard::enter();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(result) => result,
-        Err(panic) => Err(heap_error(ruby, format!("internal error (Rust panic): {}", panic_message(&*panic)))),
+        Err(panic) => Err(heap_error(
+            ruby,
+            format!("internal error (Rust panic): {}", panic_message(&*panic)),
+        )),
     }
 }
 

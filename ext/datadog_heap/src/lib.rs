@@ -10,6 +10,7 @@ mod postponed;
 mod recorder;
 mod registry;
 mod ruby_vm;
+mod sampler;
 mod shims;
 mod weak_map;
 

@@ -14,6 +14,9 @@ use crate::registry;
 
 #[cfg(ruby_gte_3_3)]
 static JOB_HANDLE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(u32::MAX);
+#[cfg(ruby_gte_3_3)]
+static UPDATE_JOB_HANDLE: std::sync::atomic::AtomicU32 =
+    std::sync::atomic::AtomicU32::new(u32::MAX);
 
 /// Registers the job with the VM (Ruby >= 3.3). Needs the GVL; call once at load.
 pub fn init() {
@@ -21,30 +24,51 @@ pub fn init() {
     {
         // SAFETY: called at extension load with the GVL; `commit_job` is a valid callback for the
         // life of the process (the extension is never unloaded).
-        let handle = unsafe { rb_sys::rb_postponed_job_preregister(0, Some(commit_job), std::ptr::null_mut()) };
+        let handle = unsafe {
+            rb_sys::rb_postponed_job_preregister(0, Some(commit_job), std::ptr::null_mut())
+        };
         JOB_HANDLE.store(handle, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: as above.
+        let handle = unsafe {
+            rb_sys::rb_postponed_job_preregister(0, Some(young_update_job), std::ptr::null_mut())
+        };
+        UPDATE_JOB_HANDLE.store(handle, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
 /// Asks the VM to run the commit job soon. Async-signal-safe; fine inside the NEWOBJ hook.
 pub fn request_commit() {
     #[cfg(ruby_gte_3_3)]
-    {
-        let handle = JOB_HANDLE.load(std::sync::atomic::Ordering::Relaxed);
-        if handle != u32::MAX {
-            // SAFETY: `handle` came from rb_postponed_job_preregister; triggering is documented
-            // as safe from any context.
-            unsafe { rb_sys::rb_postponed_job_trigger(handle) };
-        }
-    }
+    trigger(&JOB_HANDLE);
     #[cfg(not(ruby_gte_3_3))]
-    {
-        // SAFETY: rb_postponed_job_register_one only appends to a preallocated buffer (or reports
-        // it full); it is meant for signal handlers and hooks. A full buffer just drops this
-        // request; the next sample asks again.
-        unsafe {
-            rb_sys::rb_postponed_job_register_one(0, Some(commit_job), std::ptr::null_mut());
-        }
+    register(commit_job);
+}
+
+/// Asks the VM to run the young-update job soon (after a GC). Async-signal-safe.
+pub fn request_young_update() {
+    #[cfg(ruby_gte_3_3)]
+    trigger(&UPDATE_JOB_HANDLE);
+    #[cfg(not(ruby_gte_3_3))]
+    register(young_update_job);
+}
+
+#[cfg(ruby_gte_3_3)]
+fn trigger(handle: &std::sync::atomic::AtomicU32) {
+    let handle = handle.load(std::sync::atomic::Ordering::Relaxed);
+    if handle != u32::MAX {
+        // SAFETY: `handle` came from rb_postponed_job_preregister; triggering is documented as
+        // safe from any context.
+        unsafe { rb_sys::rb_postponed_job_trigger(handle) };
+    }
+}
+
+#[cfg(not(ruby_gte_3_3))]
+fn register(job: extern "C" fn(*mut c_void)) {
+    // SAFETY: rb_postponed_job_register_one only appends to a preallocated buffer (or reports it
+    // full); it is meant for signal handlers and hooks. A full buffer drops this request; the next
+    // sample or GC asks again.
+    unsafe {
+        rb_sys::rb_postponed_job_register_one(0, Some(job), std::ptr::null_mut());
     }
 }
 
@@ -63,6 +87,20 @@ extern "C" fn commit_job(_data: *mut c_void) {
             // `keep_alive_while` pins its Ruby object on our stack for the duration.
             let recorder: &Recorder = unsafe { &*recorder };
             recorder.commit_pending_from_job();
+        }
+    }));
+}
+
+/// The young-update job: runs the gated young update on every running recorder. Never raises.
+extern "C" fn young_update_job(_data: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let mut done: Vec<usize> = Vec::new();
+        // SAFETY: we are in a postponed job, so we hold the GVL; see `commit_job`.
+        while let Some(recorder) = unsafe { registry::next_running(&done) } {
+            done.push(recorder as usize);
+            // SAFETY: fresh from the registry; the recorder pins itself during the update.
+            let recorder: &Recorder = unsafe { &*recorder };
+            recorder.young_update_from_job();
         }
     }));
 }

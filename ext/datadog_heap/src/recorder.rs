@@ -15,12 +15,14 @@ use magnus::{
     rb_sys::AsRawValue,
     typed_data::Obj,
     value::{Opaque, ReprValue},
-    DataTypeFunctions, Error, IntoValue, RArray, RClass, RHash, RModule, RString, Ruby, TypedData, Value,
+    DataTypeFunctions, Error, IntoValue, RArray, RClass, RHash, RModule, RString, Ruby, TypedData,
+    Value,
 };
 use rb_sys::VALUE;
 
 use crate::errors::{arg_error, guarded, heap_error, type_error};
 use crate::ruby_vm::RubyVm;
+use crate::sampler::{self, SamplerState};
 use crate::{postponed, registry, shims, weak_map};
 
 #[derive(TypedData)]
@@ -38,6 +40,7 @@ pub struct Recorder {
     /// The last error a postponed commit hit (it cannot raise where it runs); reported by
     /// `stats` and raised by the next explicit `commit`.
     job_error: RefCell<Option<String>>,
+    sampler: SamplerState,
 }
 
 impl DataTypeFunctions for Recorder {
@@ -62,11 +65,19 @@ impl Drop for Recorder {
     fn drop(&mut self) {
         // SAFETY: runs in the TypedData free function, during GC sweep, with the GVL.
         unsafe { registry::remove(self as *const Recorder) };
+        // Removing the hooks during GC is allowed (it only unlinks them); a hook never sees a
+        // freed recorder because the running list no longer names it.
+        sampler::stop(self as *const Recorder);
     }
 }
 
 fn u32_arg(ruby: &Ruby, name: &str, value: u64) -> Result<u32, Error> {
-    u32::try_from(value).map_err(|_| arg_error(ruby, format!("{name} must be at most {}, got {value}", u32::MAX)))
+    u32::try_from(value).map_err(|_| {
+        arg_error(
+            ruby,
+            format!("{name} must be at most {}, got {value}", u32::MAX),
+        )
+    })
 }
 
 impl Recorder {
@@ -84,10 +95,15 @@ impl Recorder {
             if !(1..=MAX_FRAMES_LIMIT).contains(&max_frames) {
                 return Err(arg_error(
                     ruby,
-                    format!("max_frames must be between 1 and {MAX_FRAMES_LIMIT}, got {max_frames}"),
+                    format!(
+                        "max_frames must be between 1 and {MAX_FRAMES_LIMIT}, got {max_frames}"
+                    ),
                 ));
             }
-            let core = HeapRecorder::new(RecorderOptions { sample_rate, size_enabled });
+            let core = HeapRecorder::new(RecorderOptions {
+                sample_rate,
+                size_enabled,
+            });
             // Allocates and may GC; nothing refers to the recorder yet, so nothing is half-seen.
             let weak_map = weak_map::new_map(ruby)?;
             let recorder = Recorder {
@@ -98,6 +114,7 @@ impl Recorder {
                 sample_every: Cell::new(sample_every),
                 postponed_commits: Cell::new(true),
                 job_error: RefCell::new(None),
+                sampler: SamplerState::new(),
             };
             let obj = ruby.obj_wrap_as(recorder, class);
             obj.self_value.set(obj.as_raw());
@@ -108,8 +125,14 @@ impl Recorder {
         })
     }
 
+    /// Something is pending and the commit job may take it (tests can hold commits back).
     pub fn has_pending(&self) -> bool {
-        self.core.stats().map(|s| s.pending_recordings_count > 0).unwrap_or(false)
+        self.postponed_commits.get()
+            && self
+                .core
+                .stats()
+                .map(|s| s.pending_recordings_count > 0)
+                .unwrap_or(false)
     }
 
     fn weak_map(&self, ruby: &Ruby) -> Value {
@@ -118,7 +141,11 @@ impl Recorder {
 
     /// Runs `f` with a VM handle, turning a core error into the right Ruby error (the original
     /// exception when a WeakMap call raised).
-    fn with_vm<T>(&self, ruby: &Ruby, f: impl FnOnce(&mut RubyVm) -> datadog_heap_core::Result<T>) -> Result<T, Error> {
+    fn with_vm<T>(
+        &self,
+        ruby: &Ruby,
+        f: impl FnOnce(&mut RubyVm) -> datadog_heap_core::Result<T>,
+    ) -> Result<T, Error> {
         let mut vm = RubyVm::new(ruby, self.weak_map(ruby));
         match f(&mut vm) {
             Ok(v) => Ok(v),
@@ -126,10 +153,62 @@ impl Recorder {
         }
     }
 
+    pub fn core(&self) -> &HeapRecorder {
+        &self.core
+    }
+
+    pub fn sampler(&self) -> &SamplerState {
+        &self.sampler
+    }
+
+    pub fn sample_every_value(&self) -> u64 {
+        self.sample_every.get()
+    }
+
+    pub fn max_frames_value(&self) -> usize {
+        self.max_frames.get()
+    }
+
+    /// Turns recording off after an error in the hook, keeping the reason. Never allocates a
+    /// Ruby object; the warning is printed later by the commit job.
+    pub fn disable(&self, reason: String) {
+        if let Ok(mut slot) = self.sampler.disabled_reason.try_borrow_mut() {
+            slot.get_or_insert(reason);
+        }
+        postponed::request_commit();
+    }
+
+    /// Prints the disabled reason once, from a context where Ruby code may run.
+    fn warn_if_disabled(&self, ruby: &Ruby) {
+        if self.sampler.warned.get() {
+            return;
+        }
+        let Some(reason) = self.sampler.disabled_reason.borrow().clone() else {
+            return;
+        };
+        self.sampler.warned.set(true);
+        let message = format!("datadog_heap: heap recording disabled: {reason}");
+        // A user-defined Warning.warn may raise: ignore that rather than let it escape a job.
+        let _: Result<Value, Error> = ruby.module_kernel().funcall("warn", (message,));
+    }
+
+    /// Young update from the GC-end job: errors are kept, never raised.
+    pub fn young_update_from_job(&self) {
+        let Ok(ruby) = Ruby::get() else { return };
+        let _busy = sampler::BusyGuard::enter();
+        let keep_alive = self.self_value.get();
+        if let Err(e) = self.with_vm(&ruby, |vm| self.core.update(vm, UpdateKind::Young)) {
+            *self.job_error.borrow_mut() = Some(e.to_string());
+        }
+        std::hint::black_box(&keep_alive);
+    }
+
     /// Commit from the postponed job: errors are kept, never raised.
     pub fn commit_pending_from_job(&self) {
         let Ok(ruby) = Ruby::get() else { return };
+        let _busy = sampler::BusyGuard::enter();
         let keep_alive = self.self_value.get();
+        self.warn_if_disabled(&ruby);
         let result = self.with_vm(&ruby, |vm| self.core.commit(vm));
         if let Err(e) = result {
             *self.job_error.borrow_mut() = Some(e.to_string());
@@ -162,25 +241,44 @@ impl Recorder {
             }
             let weight = integer_arg(ruby, "weight", weight)?;
             if weight < 1 {
-                return Err(arg_error(ruby, format!("weight must be a positive Integer, got {weight}")));
+                return Err(arg_error(
+                    ruby,
+                    format!("weight must be a positive Integer, got {weight}"),
+                ));
             }
             let weight = u32_arg(ruby, "weight", weight as u64)?;
             let class_name = if class_name.is_nil() {
                 None
             } else {
                 let s = RString::from_value(class_name).ok_or_else(|| {
-                    type_error(ruby, format!("class_name must be a String or nil, got {}", class_name.class().inspect()))
+                    type_error(
+                        ruby,
+                        format!(
+                            "class_name must be a String or nil, got {}",
+                            class_name.class().inspect()
+                        ),
+                    )
                 })?;
                 Some(owned_string(s))
             };
             let frames = convert_locations(ruby, locations, rb_self.max_frames.get())?;
             let raw_frames: Vec<RawFrame> = frames
                 .iter()
-                .map(|(name, file, line)| RawFrame { name, filename: file, line: *line })
+                .map(|(name, file, line)| RawFrame {
+                    name,
+                    filename: file,
+                    line: *line,
+                })
                 .collect();
             let recorded = rb_self
                 .core
-                .record_allocation(raw as usize, weight, class_name.as_deref(), &raw_frames, shims::gc_count())
+                .record_allocation(
+                    raw as usize,
+                    weight,
+                    class_name.as_deref(),
+                    &raw_frames,
+                    shims::gc_count(),
+                )
                 .map_err(|e| crate::errors::to_ruby(ruby, e))?;
             if recorded.needs_commit && rb_self.postponed_commits.get() {
                 postponed::request_commit();
@@ -193,7 +291,10 @@ impl Recorder {
     fn commit(ruby: &Ruby, rb_self: &Self) -> Result<usize, Error> {
         guarded(ruby, || {
             if let Some(message) = rb_self.job_error.borrow_mut().take() {
-                return Err(heap_error(ruby, format!("a postponed commit failed: {message}")));
+                return Err(heap_error(
+                    ruby,
+                    format!("a postponed commit failed: {message}"),
+                ));
             }
             match rb_self.with_vm(ruby, |vm| rb_self.core.commit(vm))? {
                 CommitOutcome::Committed(n) => Ok(n),
@@ -227,14 +328,22 @@ impl Recorder {
             let result = (|| -> Result<(), Error> {
                 for object in &objects {
                     let (frames, class) = {
-                        let strings = snapshot.strings().lock().map_err(|e| crate::errors::to_ruby(ruby, e))?;
-                        let name = |id| strings.get(id).map_err(|e| crate::errors::to_ruby(ruby, e));
+                        let strings = snapshot
+                            .strings()
+                            .lock()
+                            .map_err(|e| crate::errors::to_ruby(ruby, e))?;
+                        let name =
+                            |id| strings.get(id).map_err(|e| crate::errors::to_ruby(ruby, e));
                         let frames = object
                             .stack
                             .iter()
                             .map(|f| Ok((name(f.name)?, name(f.filename)?, f.line)))
                             .collect::<Result<Vec<_>, Error>>()?;
-                        let class = if object.data.class == 0 { None } else { Some(name(object.data.class)?) };
+                        let class = if object.data.class == 0 {
+                            None
+                        } else {
+                            Some(name(object.data.class)?)
+                        };
                         (frames, class)
                     };
                     let locations = ruby.ary_new_capa(frames.len());
@@ -256,7 +365,10 @@ impl Recorder {
             })();
             // Ends the iteration whatever happened in the block; an error from that is only
             // worth raising when the block itself went fine.
-            let finished = rb_self.core.finish_iteration().map_err(|e| crate::errors::to_ruby(ruby, e));
+            let finished = rb_self
+                .core
+                .finish_iteration()
+                .map_err(|e| crate::errors::to_ruby(ruby, e));
             result?;
             finished?;
             Ok(ruby.qnil().as_value())
@@ -265,7 +377,10 @@ impl Recorder {
 
     fn stats(ruby: &Ruby, rb_self: &Self) -> Result<RHash, Error> {
         guarded(ruby, || {
-            let stats = rb_self.core.stats().map_err(|e| crate::errors::to_ruby(ruby, e))?;
+            let stats = rb_self
+                .core
+                .stats()
+                .map_err(|e| crate::errors::to_ruby(ruby, e))?;
             let hash = ruby.hash_new();
             for (key, value) in stats.entries() {
                 let value = match value {
@@ -274,29 +389,70 @@ impl Recorder {
                 };
                 hash.aset(ruby.to_symbol(key), value)?;
             }
-            hash.aset(ruby.to_symbol("last_commit_error"), rb_self.job_error.borrow().clone())?;
+            hash.aset(
+                ruby.to_symbol("last_commit_error"),
+                rb_self.job_error.borrow().clone(),
+            )?;
+            let st = *rb_self.sampler.stats.borrow();
+            for (key, value) in [
+                ("sampler_allocations_seen", st.allocations_seen),
+                ("sampler_samples_taken", st.samples_taken),
+                ("sampler_samples_recorded", st.samples_recorded),
+                ("sampler_skipped_internal", st.skipped_internal),
+                ("sampler_skipped_reentrant", st.skipped_reentrant),
+                ("sampler_skipped_by_recorder", st.skipped_by_recorder),
+                (
+                    "sampler_skipped_non_main_ractor",
+                    sampler::SKIPPED_NON_MAIN_RACTOR.load(std::sync::atomic::Ordering::Relaxed),
+                ),
+                ("sampler_hook_errors", st.hook_errors),
+                ("sampler_time_ns_total", st.sampling_ns_total),
+                ("sampler_time_ns_max", st.sampling_ns_max),
+            ] {
+                hash.aset(ruby.to_symbol(key), value)?;
+            }
+            hash.aset(ruby.to_symbol("running"), rb_self.sampler.running.get())?;
+            hash.aset(
+                ruby.to_symbol("disabled_reason"),
+                rb_self.sampler.disabled_reason.borrow().clone(),
+            )?;
             Ok(hash)
         })
     }
 
     fn after_fork(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
-        guarded(ruby, || rb_self.core.after_fork().map_err(|e| crate::errors::to_ruby(ruby, e)))
+        guarded(ruby, || {
+            rb_self
+                .core
+                .after_fork()
+                .map_err(|e| crate::errors::to_ruby(ruby, e))
+        })
     }
 
     /// `debug` -> `[[:records, [String, ...]], [:state, stats]]`.
     fn debug(ruby: &Ruby, rb_self: &Self) -> Result<RArray, Error> {
-        let lines = guarded(ruby, || rb_self.core.debug_lines().map_err(|e| crate::errors::to_ruby(ruby, e)))?;
+        let lines = guarded(ruby, || {
+            rb_self
+                .core
+                .debug_lines()
+                .map_err(|e| crate::errors::to_ruby(ruby, e))
+        })?;
         let stats = Self::stats(ruby, rb_self)?;
         let records = ruby.ary_from_vec(lines);
-        let records = ruby.ary_new_from_values(&[ruby.to_symbol("records").as_value(), records.as_value()]);
-        let state = ruby.ary_new_from_values(&[ruby.to_symbol("state").as_value(), stats.as_value()]);
+        let records =
+            ruby.ary_new_from_values(&[ruby.to_symbol("records").as_value(), records.as_value()]);
+        let state =
+            ruby.ary_new_from_values(&[ruby.to_symbol("state").as_value(), stats.as_value()]);
         Ok(ruby.ary_new_from_values(&[records, state]))
     }
 
     /// `record_id_for(obj)` -> the id under which `obj` is tracked, or nil.
     fn record_id_for(ruby: &Ruby, rb_self: &Self, object: Value) -> Result<Option<i64>, Error> {
         guarded(ruby, || {
-            let ids = rb_self.core.record_ids().map_err(|e| crate::errors::to_ruby(ruby, e))?;
+            let ids = rb_self
+                .core
+                .record_ids()
+                .map_err(|e| crate::errors::to_ruby(ruby, e))?;
             let map = rb_self.weak_map(ruby);
             for id in ids {
                 if let Some(found) = weak_map::get(ruby, map, id)? {
@@ -312,35 +468,68 @@ impl Recorder {
     fn is_recorded(ruby: &Ruby, rb_self: &Self, record_id: Value) -> Result<bool, Error> {
         guarded(ruby, || {
             let id = integer_arg(ruby, "record_id", record_id)?;
-            rb_self.core.is_recorded(id).map_err(|e| crate::errors::to_ruby(ruby, e))
+            rb_self
+                .core
+                .is_recorded(id)
+                .map_err(|e| crate::errors::to_ruby(ruby, e))
         })
     }
 
     fn exhaust_record_ids(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
-        guarded(ruby, || rb_self.core.exhaust_record_ids().map_err(|e| crate::errors::to_ruby(ruby, e)))
+        guarded(ruby, || {
+            rb_self
+                .core
+                .exhaust_record_ids()
+                .map_err(|e| crate::errors::to_ruby(ruby, e))
+        })
     }
 
     fn reset_last_update(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
-        guarded(ruby, || rb_self.core.reset_last_update().map_err(|e| crate::errors::to_ruby(ruby, e)))
+        guarded(ruby, || {
+            rb_self
+                .core
+                .reset_last_update()
+                .map_err(|e| crate::errors::to_ruby(ruby, e))
+        })
     }
 
     fn sample_rate(ruby: &Ruby, rb_self: &Self) -> Result<u32, Error> {
-        guarded(ruby, || Ok(rb_self.core.options().map_err(|e| crate::errors::to_ruby(ruby, e))?.sample_rate))
+        guarded(ruby, || {
+            Ok(rb_self
+                .core
+                .options()
+                .map_err(|e| crate::errors::to_ruby(ruby, e))?
+                .sample_rate)
+        })
     }
 
     fn set_sample_rate(ruby: &Ruby, rb_self: &Self, rate: u64) -> Result<(), Error> {
         guarded(ruby, || {
             let rate = u32_arg(ruby, "sample_rate", rate)?;
-            rb_self.core.set_sample_rate(rate).map_err(|e| crate::errors::to_ruby(ruby, e))
+            rb_self
+                .core
+                .set_sample_rate(rate)
+                .map_err(|e| crate::errors::to_ruby(ruby, e))
         })
     }
 
     fn size_enabled(ruby: &Ruby, rb_self: &Self) -> Result<bool, Error> {
-        guarded(ruby, || Ok(rb_self.core.options().map_err(|e| crate::errors::to_ruby(ruby, e))?.size_enabled))
+        guarded(ruby, || {
+            Ok(rb_self
+                .core
+                .options()
+                .map_err(|e| crate::errors::to_ruby(ruby, e))?
+                .size_enabled)
+        })
     }
 
     fn set_size_enabled(ruby: &Ruby, rb_self: &Self, enabled: bool) -> Result<(), Error> {
-        guarded(ruby, || rb_self.core.set_size_enabled(enabled).map_err(|e| crate::errors::to_ruby(ruby, e)))
+        guarded(ruby, || {
+            rb_self
+                .core
+                .set_size_enabled(enabled)
+                .map_err(|e| crate::errors::to_ruby(ruby, e))
+        })
     }
 
     fn max_frames(&self) -> usize {
@@ -359,9 +548,13 @@ impl Recorder {
 /// An Integer argument as i64; TypeError for non-Integers, ArgumentError past 64 bits.
 fn integer_arg(ruby: &Ruby, name: &str, value: Value) -> Result<i64, Error> {
     let Some(int) = magnus::Integer::from_value(value) else {
-        return Err(type_error(ruby, format!("{name} must be an Integer, got {}", value.class().inspect())));
+        return Err(type_error(
+            ruby,
+            format!("{name} must be an Integer, got {}", value.class().inspect()),
+        ));
     };
-    int.to_i64().map_err(|_| arg_error(ruby, format!("{name} is out of range: {}", value.inspect())))
+    int.to_i64()
+        .map_err(|_| arg_error(ruby, format!("{name} is out of range: {}", value.inspect())))
 }
 
 /// The bytes of a Ruby String as UTF-8, replacing invalid sequences.
@@ -373,19 +566,36 @@ fn owned_string(s: RString) -> String {
 
 /// `locations` -> owned frames, innermost first. A stack deeper than `max_frames` keeps its
 /// innermost `max_frames - 1` frames and ends with a "(N frames truncated)" frame.
-fn convert_locations(ruby: &Ruby, locations: Value, max_frames: usize) -> Result<Vec<(String, String, i32)>, Error> {
+fn convert_locations(
+    ruby: &Ruby,
+    locations: Value,
+    max_frames: usize,
+) -> Result<Vec<(String, String, i32)>, Error> {
     let array = RArray::from_value(locations).ok_or_else(|| {
-        type_error(ruby, format!("locations must be an Array of [name, path, line], got {}", locations.class().inspect()))
+        type_error(
+            ruby,
+            format!(
+                "locations must be an Array of [name, path, line], got {}",
+                locations.class().inspect()
+            ),
+        )
     })?;
     let len = array.len();
-    let keep = if len > max_frames { max_frames.saturating_sub(1) } else { len };
+    let keep = if len > max_frames {
+        max_frames.saturating_sub(1)
+    } else {
+        len
+    };
     let mut frames = Vec::with_capacity(keep + 1);
     for i in 0..keep {
         let entry: Value = array.entry(i as isize)?;
         let bad = || {
             type_error(
                 ruby,
-                format!("locations[{i}] must be [String, String, Integer], got {}", entry.inspect()),
+                format!(
+                    "locations[{i}] must be [String, String, Integer], got {}",
+                    entry.inspect()
+                ),
             )
         };
         let frame = RArray::from_value(entry).ok_or_else(bad)?;
@@ -399,12 +609,20 @@ fn convert_locations(ruby: &Ruby, locations: Value, max_frames: usize) -> Result
             return Err(bad());
         }
         let line = integer_arg(ruby, "line", line_value)?;
-        let line = i32::try_from(line)
-            .map_err(|_| arg_error(ruby, format!("locations[{i}] line must fit in 32 bits, got {line}")))?;
+        let line = i32::try_from(line).map_err(|_| {
+            arg_error(
+                ruby,
+                format!("locations[{i}] line must fit in 32 bits, got {line}"),
+            )
+        })?;
         frames.push((owned_string(name), owned_string(path), line));
     }
     if len > keep {
-        frames.push((format!("({} frames truncated)", len - keep), String::new(), 0));
+        frames.push((
+            format!("({} frames truncated)", len - keep),
+            String::new(),
+            0,
+        ));
     }
     Ok(frames)
 }
@@ -413,28 +631,60 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     let class = module.define_class("Recorder", ruby.class_object())?;
     class.undef_default_alloc_func();
     class.define_singleton_method("_native_new", function!(Recorder::native_new, 5))?;
-    class.define_method("_native_record_allocation", method!(Recorder::record_allocation, 4))?;
+    class.define_method(
+        "_native_record_allocation",
+        method!(Recorder::record_allocation, 4),
+    )?;
     class.define_method("commit", method!(Recorder::commit, 0))?;
-    class.define_method("update_young_objects", method!(Recorder::update_young_objects, 0))?;
-    class.define_method("_native_each_live_object", method!(Recorder::each_live_object, 0))?;
+    class.define_method(
+        "update_young_objects",
+        method!(Recorder::update_young_objects, 0),
+    )?;
+    class.define_method(
+        "_native_each_live_object",
+        method!(Recorder::each_live_object, 0),
+    )?;
     class.define_method("stats", method!(Recorder::stats, 0))?;
     class.define_method("after_fork", method!(Recorder::after_fork, 0))?;
     class.define_method("debug", method!(Recorder::debug, 0))?;
     class.define_method("record_id_for", method!(Recorder::record_id_for, 1))?;
     class.define_method("recorded?", method!(Recorder::is_recorded, 1))?;
-    class.define_method("exhaust_record_ids!", method!(Recorder::exhaust_record_ids, 0))?;
-    class.define_method("reset_last_update!", method!(Recorder::reset_last_update, 0))?;
+    class.define_method(
+        "exhaust_record_ids!",
+        method!(Recorder::exhaust_record_ids, 0),
+    )?;
+    class.define_method(
+        "reset_last_update!",
+        method!(Recorder::reset_last_update, 0),
+    )?;
     class.define_method("sample_rate", method!(Recorder::sample_rate, 0))?;
-    class.define_method("_native_set_sample_rate", method!(Recorder::set_sample_rate, 1))?;
+    class.define_method(
+        "_native_set_sample_rate",
+        method!(Recorder::set_sample_rate, 1),
+    )?;
     class.define_method("size_enabled", method!(Recorder::size_enabled, 0))?;
-    class.define_method("_native_set_size_enabled", method!(Recorder::set_size_enabled, 1))?;
+    class.define_method(
+        "_native_set_size_enabled",
+        method!(Recorder::set_size_enabled, 1),
+    )?;
     class.define_method("max_frames", method!(Recorder::max_frames, 0))?;
     class.define_method("sample_every", method!(Recorder::sample_every, 0))?;
 
+    class.define_method("start", method!(Recorder::start, 0))?;
+    class.define_method("stop", method!(Recorder::stop, 0))?;
+    class.define_method("running?", method!(Recorder::is_running, 0))?;
+
     let testing = module.define_module("Testing")?;
     testing.define_singleton_method(
+        "_native_set_seed",
+        function!(|rec: &Recorder, seed: u64| rec.sampler.set_seed(seed), 2),
+    )?;
+    testing.define_singleton_method(
         "_native_set_postponed_commits",
-        function!(|rec: &Recorder, enabled: bool| rec.set_postponed_commits(enabled), 2),
+        function!(
+            |rec: &Recorder, enabled: bool| rec.set_postponed_commits(enabled),
+            2
+        ),
     )?;
     Ok(())
 }
@@ -444,5 +694,35 @@ impl Recorder {
     pub fn reset_after_fork(&self) {
         let _ = self.core.after_fork();
         self.job_error.borrow_mut().take();
+        self.sampler.reseed();
+        *self.sampler.stats.borrow_mut() = Default::default();
+    }
+
+    /// `start`: installs the allocation hook for this recorder; idempotent. Raises the reason
+    /// again when an earlier error disabled recording.
+    fn start(ruby: &Ruby, rb_self: &Self) -> Result<bool, Error> {
+        guarded(ruby, || {
+            if let Some(reason) = rb_self.sampler.disabled_reason.borrow().clone() {
+                return Err(heap_error(
+                    ruby,
+                    format!("heap recording was disabled: {reason}"),
+                ));
+            }
+            sampler::start(rb_self);
+            Ok(true)
+        })
+    }
+
+    /// `stop`: removes this recorder from the hook; keeps what it tracks. Idempotent.
+    fn stop(ruby: &Ruby, rb_self: &Self) -> Result<bool, Error> {
+        guarded(ruby, || {
+            let was = rb_self.sampler.running.replace(false);
+            sampler::stop(rb_self as *const Recorder);
+            Ok(was)
+        })
+    }
+
+    fn is_running(&self) -> bool {
+        self.sampler.running.get()
     }
 }

@@ -53,3 +53,19 @@ pub unsafe fn all() -> Vec<*const Recorder> {
     // SAFETY: GVL held; no VM call in the closure.
     unsafe { REGISTRY.with(|r| r.recorders.clone()) }
 }
+
+/// The first live, sampling recorder not in `done`.
+///
+/// # Safety
+/// GVL held.
+pub unsafe fn next_running(done: &[usize]) -> Option<*const Recorder> {
+    // SAFETY: as in `next_needing_commit`.
+    unsafe {
+        REGISTRY.with(|r| {
+            r.recorders
+                .iter()
+                .copied()
+                .find(|&p| !done.contains(&(p as usize)) && (*p).sampler().running.get())
+        })
+    }
+}

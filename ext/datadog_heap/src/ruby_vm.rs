@@ -50,7 +50,11 @@ impl Vm for RubyVm<'_> {
         weak_map::set(self.ruby, self.weak_map, record_id, object).map_err(|e| self.keep(e))
     }
 
-    fn lookup(&mut self, record_id: i64, measure_size: bool) -> datadog_heap_core::Result<Option<LiveInfo>> {
+    fn lookup(
+        &mut self,
+        record_id: i64,
+        measure_size: bool,
+    ) -> datadog_heap_core::Result<Option<LiveInfo>> {
         let found = weak_map::get(self.ruby, self.weak_map, record_id).map_err(|e| self.keep(e))?;
         Ok(found.map(|object| LiveInfo {
             frozen: shims::is_frozen(object),

@@ -43,9 +43,9 @@ pub fn init(ruby: &Ruby) -> Result<(), Error> {
 }
 
 fn methods(ruby: &Ruby) -> Result<&'static WeakMapMethods, Error> {
-    METHODS
-        .get()
-        .ok_or_else(|| crate::errors::heap_error(ruby, "datadog_heap: WeakMap methods not captured at load"))
+    METHODS.get().ok_or_else(|| {
+        crate::errors::heap_error(ruby, "datadog_heap: WeakMap methods not captured at load")
+    })
 }
 
 /// A new, empty WeakMap. Allocates.
@@ -58,12 +58,14 @@ pub fn new_map(ruby: &Ruby) -> Result<Value, Error> {
 pub fn set(ruby: &Ruby, map: Value, record_id: i64, object: Value) -> Result<(), Error> {
     let m = methods(ruby)?;
     if object.is_nil() {
-        return Err(crate::errors::heap_error(ruby, "cannot track nil: a nil value would read as collected"));
+        return Err(crate::errors::heap_error(
+            ruby,
+            "cannot track nil: a nil value would read as collected",
+        ));
     }
-    let _: Value = ruby.get_inner(m.aset).funcall(
-        *BIND_CALL,
-        (map, ruby.integer_from_i64(record_id), object),
-    )?;
+    let _: Value = ruby
+        .get_inner(m.aset)
+        .funcall(*BIND_CALL, (map, ruby.integer_from_i64(record_id), object))?;
     Ok(())
 }
 

@@ -1,0 +1,201 @@
+# frozen_string_literal: true
+
+RSpec.describe "built-in allocation sampler" do
+  Kept = Struct.new(:n)
+
+  def sampled_recorder(**opts)
+    DatadogHeap::Recorder.new(sample_every: 1, **opts)
+  end
+
+  after { @rec&.stop }
+
+  it "tracks exactly the 123 Structs kept alive, at their allocation line" do
+    @rec = sampled_recorder
+    @rec.start
+    line = __LINE__ + 1
+    keep = Array.new(123) { |i| Kept.new(i) }
+    @rec.stop
+    full_gc
+    kept = @rec.each_live_object.select { |o| o.class_name == "Kept" }
+    expect(kept.size).to eq(123)
+    expect(kept.map(&:weight)).to all(eq(1))
+    ruby_frame = kept.first.locations.find { |_, path, _| path == __FILE__ }
+    expect(ruby_frame[2]).to eq(line)
+    expect(kept.first.locations.first[0]).to eq("new") # the C frame, at the caller's line
+    expect(kept.first.locations.first[1..]).to eq([__FILE__, line])
+    expect(keep.size).to eq(123)
+  end
+
+  it "never tracks objects allocated before start or after stop" do
+    @rec = sampled_recorder
+    before = Array.new(50) { Kept.new(0) }
+    @rec.start
+    @rec.stop
+    after = Array.new(50) { Kept.new(1) }
+    full_gc
+    expect(@rec.each_live_object.count { |o| o.class_name == "Kept" }).to eq(0)
+    expect(before.size + after.size).to eq(100)
+  end
+
+  it "start and stop are idempotent and report running?" do
+    @rec = sampled_recorder
+    expect(@rec.running?).to be(false)
+    @rec.start
+    @rec.start
+    expect(@rec.running?).to be(true)
+    expect(@rec.stop).to be(true)
+    expect(@rec.stop).to be(false)
+    expect(@rec.running?).to be(false)
+  end
+
+  it "drops garbage after GCs without an explicit update (young updates run by themselves)" do
+    @rec = sampled_recorder
+    @rec.start
+    200.times { Kept.new(0) }
+    10.times { Thread.pass } # lets the commit job run
+    @rec.reset_last_update!
+    GC.start
+    10.times { Thread.pass } # lets the young-update job run
+    @rec.stop
+    expect(@rec.stats[:lifetime_updates_successful]).to be >= 1
+    expect(@rec.stats[:last_update_objects_dead]).to be >= 150
+  end
+
+  it "truncates deep recursion with the marker frame" do
+    @rec = sampled_recorder(max_frames: 400)
+    deep = ->(n) { n.zero? ? Kept.new(:deep) : deep.call(n - 1) }
+    @rec.start
+    keep = deep.call(2000)
+    @rec.stop
+    full_gc
+    obj = @rec.each_live_object.find { |o| o.class_name == "Kept" }
+    expect(obj.locations.size).to eq(400)
+    expect(obj.locations.last[0]).to match(/\A\(\d+\+? frames truncated\)\z/)
+    expect(keep.n).to eq(:deep)
+  end
+
+  it "names instances of anonymous classes after their nearest named ancestor" do
+    @rec = sampled_recorder
+    anon = Class.new(Kept)
+    plain = Class.new
+    @rec.start
+    keep = [anon.new(1), plain.new]
+    @rec.stop
+    full_gc
+    names = @rec.each_live_object.map(&:class_name)
+    expect(names).to include("Kept", "Object")
+    expect(keep.size).to eq(2)
+  end
+
+  it "survives temporary strings (Time#strftime) and never reports internal objects" do
+    @rec = sampled_recorder
+    @rec.start
+    keep = Array.new(100) { Time.now.strftime("%Y-%m-%d %H:%M:%S.%N") }
+    eval("1 + 1") # compiles an iseq: internal objects
+    @rec.stop
+    full_gc
+    classes = @rec.each_live_object.map(&:class_name).uniq
+    expect(classes).to include("String")
+    expect(classes).not_to include(nil)
+    expect(keep.size).to eq(100)
+  end
+
+  it "allocates no Ruby object in the hook" do
+    loop_allocs = lambda do
+      before = GC.stat(:total_allocated_objects)
+      20_000.times { Object.new }
+      GC.stat(:total_allocated_objects) - before
+    end
+    baseline = Array.new(2) { loop_allocs.call }.min
+    @rec = sampled_recorder
+    DatadogHeap::Testing._native_set_postponed_commits(@rec, false)
+    @rec.start
+    # The queue fills at 256 and the rest are skipped, but every one goes through the hook.
+    sampled = loop_allocs.call
+    @rec.stop
+    expect(@rec.stats[:sampler_samples_taken]).to be >= 20_000
+    # Sampling every allocation adds none of its own (the hook allocates nothing).
+    expect(sampled).to be <= baseline
+  end
+
+  it "runs under GC.stress for 10k allocations" do
+    @rec = sampled_recorder
+    keep = []
+    @rec.start
+    begin
+      GC.stress = true
+      10_000.times { |i| keep << Kept.new(i) if (i % 100).zero? }
+    ensure
+      GC.stress = false
+      @rec.stop
+    end
+    full_gc
+    expect(@rec.each_live_object.count { |o| o.class_name == "Kept" }).to eq(100)
+  end
+
+  it "handles 8 threads allocating while the main thread commits and updates" do
+    @rec = sampled_recorder
+    @rec.start
+    threads = Array.new(8) { Thread.new { Array.new(2_000) { Kept.new(1) }.last(10) } }
+    20.times { @rec.commit; @rec.update_young_objects; Thread.pass }
+    kept = threads.flat_map(&:value)
+    @rec.stop
+    @rec.commit
+    full_gc
+    expect(@rec.each_live_object.count { |o| o.class_name == "Kept" }).to be >= 80
+    expect(kept.size).to eq(80)
+  end
+
+  it "keeps sampling correctly in a forked child" do
+    @rec = sampled_recorder
+    @rec.start
+    reader, writer = IO.pipe
+    pid = fork do
+      keep = Array.new(30) { Kept.new(2) }
+      @rec.stop
+      full_gc
+      writer.write(@rec.each_live_object.count { |o| o.class_name == "Kept" }.to_s)
+      writer.close
+      exit!(keep.size == 30 ? 0 : 1)
+    end
+    writer.close
+    count = reader.read.to_i
+    Process.wait(pid)
+    expect($?.success?).to be(true)
+    expect(count).to eq(30)
+  end
+
+  it "estimates retained counts within 15% with sample_every: 64 (seeded)" do
+    @rec = DatadogHeap::Recorder.new(sample_every: 64)
+    DatadogHeap::Testing._native_set_seed(@rec, 12_345)
+    a = []
+    b = []
+    @rec.start
+    20_000.times { a << Kept.new(:a) }
+    5_000.times { b << Kept.new(:b) }
+    @rec.stop
+    @rec.commit
+    full_gc
+    est = Hash.new(0)
+    @rec.each_live_object do |o|
+      next unless o.class_name == "Kept"
+
+      site = o.locations.find { |_, path, _| path == __FILE__ }[2]
+      est[site] += o.weight
+    end
+    counts = est.values.sort
+    expect(counts.size).to eq(2)
+    expect(counts[1]).to be_within(0.15 * 20_000).of(20_000)
+    expect(counts[0]).to be_within(0.15 * 5_000).of(5_000)
+    expect(a.size + b.size).to eq(25_000)
+  end
+
+  it "DatadogHeap.start / stop / recorder manage one process-wide recorder" do
+    rec = DatadogHeap.start(sample_every: 1)
+    expect(DatadogHeap.recorder).to be(rec)
+    expect(rec.running?).to be(true)
+    expect { DatadogHeap.start(sample_every: 7) }.to raise_error(ArgumentError, /differ/)
+    expect(DatadogHeap.stop).to be(rec)
+    expect(rec.running?).to be(false)
+  end
+end
