@@ -7,6 +7,7 @@
 
 pub mod error;
 pub mod lock;
+pub mod pprof;
 pub mod recorder;
 pub mod stack;
 pub mod stats;
@@ -17,6 +18,10 @@ pub mod vm;
 pub(crate) mod fake_vm;
 
 pub use error::{HeapError, Result, FIXNUM_MAX, MAX_FRAMES_LIMIT};
+pub use pprof::{
+    diff_sites, encode_profile, read_profile, top_sites, EncodeOptions, EncodedPprof, ProfileData,
+    SampleData, SampleType, Site, SiteDiff, SortBy, SourceFrame,
+};
 pub use recorder::{
     CommitOutcome, HeapRecorder, LiveObject, LiveObjectData, RecordOutcome, Recorded,
     RecorderOptions, Snapshot, UpdateKind, UpdateOutcome, MAX_PENDING_RECORDINGS,
