@@ -65,6 +65,13 @@ module DatadogHeap
       @recorder
     end
 
+    # Writes the process-wide recorder's profile to `path` (see Recorder#write_profile).
+    def write_profile(path)
+      raise Error, "DatadogHeap.start was never called: there is no process-wide recorder" unless @recorder
+
+      @recorder.write_profile(path)
+    end
+
     # Stops sampling; what is tracked stays readable through DatadogHeap.recorder.
     def stop
       @recorder&.stop

@@ -51,6 +51,19 @@ module DatadogHeap
       self
     end
 
+    # Writes `profile` (gzip pprof) to `path` atomically: a temporary file, then a rename.
+    # Returns the path.
+    def write_profile(path)
+      path = path.to_s
+      data = profile
+      tmp = "#{path}.tmp-#{Process.pid}"
+      File.binwrite(tmp, data)
+      File.rename(tmp, path)
+      path
+    ensure
+      File.unlink(tmp) if tmp && File.exist?(tmp)
+    end
+
     def inspect
       "#<#{self.class} sample_every=#{sample_every} sample_rate=#{sample_rate} " \
         "size_enabled=#{size_enabled} max_frames=#{max_frames}>"

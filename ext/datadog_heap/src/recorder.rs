@@ -6,8 +6,8 @@
 use std::cell::{Cell, RefCell};
 
 use datadog_heap_core::{
-    CommitOutcome, HeapRecorder, RawFrame, RecordOutcome, RecorderOptions, StatValue, UpdateKind,
-    UpdateOutcome, MAX_FRAMES_LIMIT,
+    encode_profile, CommitOutcome, EncodeOptions, HeapRecorder, RawFrame, RecordOutcome,
+    RecorderOptions, StatValue, UpdateKind, UpdateOutcome, MAX_FRAMES_LIMIT,
 };
 use magnus::{
     function, method,
@@ -375,6 +375,34 @@ impl Recorder {
         })
     }
 
+    /// `profile` -> gzip pprof of the live objects. The full update and the snapshot run with the
+    /// GVL; building and compressing the profile runs without it, so other threads keep going.
+    fn profile(ruby: &Ruby, rb_self: &Self) -> Result<RString, Error> {
+        guarded(ruby, || {
+            let snapshot = rb_self.with_vm(ruby, |vm| rb_self.core.prepare_iteration(vm))?;
+            let options = EncodeOptions {
+                sample_every: i64::try_from(rb_self.sample_every.get()).unwrap_or(i64::MAX),
+                ..EncodeOptions::default()
+            };
+            let encoded = without_gvl(|| encode_profile(&snapshot, &options));
+            let finished = rb_self
+                .core
+                .finish_iteration()
+                .map_err(|e| crate::errors::to_ruby(ruby, e));
+            let encoded = match encoded {
+                Some(result) => result.map_err(|e| crate::errors::to_ruby(ruby, e))?,
+                None => {
+                    return Err(heap_error(
+                        ruby,
+                        "internal error (Rust panic) while encoding the profile",
+                    ))
+                }
+            };
+            finished?;
+            Ok(ruby.str_from_slice(&encoded.bytes))
+        })
+    }
+
     fn stats(ruby: &Ruby, rb_self: &Self) -> Result<RHash, Error> {
         guarded(ruby, || {
             let stats = rb_self
@@ -545,6 +573,40 @@ impl Recorder {
     }
 }
 
+/// Runs `f` with the GVL released; `None` if it panicked. `f` must not touch the VM.
+fn without_gvl<F: FnOnce() -> T, T>(f: F) -> Option<T> {
+    struct Call<F, T> {
+        f: Option<F>,
+        out: Option<T>,
+    }
+    extern "C" fn trampoline<F: FnOnce() -> T, T>(
+        data: *mut std::ffi::c_void,
+    ) -> *mut std::ffi::c_void {
+        // SAFETY: `data` is the `Call` below, alive on the caller's stack for the whole call.
+        let call = unsafe { &mut *(data as *mut Call<F, T>) };
+        if let Some(f) = call.f.take() {
+            // A panic must not cross the C frame of rb_thread_call_without_gvl.
+            call.out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok();
+        }
+        std::ptr::null_mut()
+    }
+    let mut call = Call {
+        f: Some(f),
+        out: None,
+    };
+    // SAFETY: called from a Ruby thread holding the GVL; the trampoline makes no VM call, and no
+    // unblocking function is given, so the call always runs to completion.
+    unsafe {
+        rb_sys::rb_thread_call_without_gvl(
+            Some(trampoline::<F, T>),
+            &mut call as *mut Call<F, T> as *mut std::ffi::c_void,
+            None,
+            std::ptr::null_mut(),
+        );
+    }
+    call.out
+}
+
 /// An Integer argument as i64; TypeError for non-Integers, ArgumentError past 64 bits.
 fn integer_arg(ruby: &Ruby, name: &str, value: Value) -> Result<i64, Error> {
     let Some(int) = magnus::Integer::from_value(value) else {
@@ -645,6 +707,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         method!(Recorder::each_live_object, 0),
     )?;
     class.define_method("stats", method!(Recorder::stats, 0))?;
+    class.define_method("profile", method!(Recorder::profile, 0))?;
     class.define_method("after_fork", method!(Recorder::after_fork, 0))?;
     class.define_method("debug", method!(Recorder::debug, 0))?;
     class.define_method("record_id_for", method!(Recorder::record_id_for, 1))?;
