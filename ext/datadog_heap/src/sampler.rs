@@ -339,21 +339,16 @@ fn sample(recorder: &Recorder, arg: *mut rb_trace_arg_t, busy: bool) {
         // SAFETY: `frame` came from rb_profile_frames just now; these accessors return strings
         // the VM already holds (iseq path and label, method names) without allocating.
         let path = unsafe { rb_sys::rb_profile_frame_path(frame) };
-        // SAFETY (both arms): as above.
         let (name, filename, line) = if path == rb_sys::Qnil as VALUE {
             // A C frame: its method name, at the caller's location.
             let (filename, line) = caller_location(&frames[..depth], &lines[..depth], i + 1);
-            (
-                string_of(unsafe { rb_sys::rb_profile_frame_method_name(frame) }),
-                filename,
-                line,
-            )
+            // SAFETY: as for the path above.
+            let name = unsafe { rb_sys::rb_profile_frame_method_name(frame) };
+            (string_of(name), filename, line)
         } else {
-            (
-                string_of(unsafe { rb_sys::rb_profile_frame_base_label(frame) }),
-                string_of(path),
-                lines[i],
-            )
+            // SAFETY: as for the path above.
+            let label = unsafe { rb_sys::rb_profile_frame_base_label(frame) };
+            (string_of(label), string_of(path), lines[i])
         };
         raw.push(RawFrame {
             name,
