@@ -32,6 +32,15 @@ module DatadogHeap
       pid
     end
   end
+
+  # Stops all sampling before the first Ractor starts: allocation hooks are not Ractor-safe (on
+  # Ruby 3.1 the VM itself crashes when a NEWOBJ hook runs while a Ractor allocates).
+  module RactorGuard
+    def new(*args, **kwargs, &block)
+      DatadogHeap._native_ractors_starting
+      super
+    end
+  end
 end
 
 # A build for this Ruby's minor version first (`rake compile` and precompiled gems put it there),
@@ -45,6 +54,7 @@ end
 require_relative "datadog_heap/recorder"
 
 Process.singleton_class.prepend(DatadogHeap::ForkHook)
+Ractor.singleton_class.prepend(DatadogHeap::RactorGuard) if defined?(Ractor)
 
 # The process-wide recorder.
 module DatadogHeap

@@ -199,3 +199,29 @@ RSpec.describe "built-in allocation sampler" do
     expect(rec.running?).to be(false)
   end
 end
+
+RSpec.describe "Ractors" do
+  # In a child process: once a Ractor starts, sampling is off for the rest of the process.
+  it "stops sampling before a Ractor starts, so Ractor allocations cannot crash the VM" do
+    script = <<~RUBY
+      Warning[:experimental] = false
+      require "datadog_heap"
+      rec = DatadogHeap::Recorder.new(sample_every: 1)
+      rec.start
+      keep = Array.new(10) { Object.new }
+      n = Ractor.new { Array.new(20_000) { Object.new }.size }.take
+      puts [n, rec.running?, rec.stats[:disabled_reason].to_s.include?("Ractor")].inspect
+      begin
+        rec.start
+      rescue DatadogHeap::Error => e
+        puts "start: \#{e.message}"
+      end
+      puts keep.size
+    RUBY
+    out = IO.popen([RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-e", script], err: File::NULL, &:read)
+    expect($?.success?).to be(true)
+    lines = out.lines.map(&:chomp)
+    expect(lines[0]).to eq("[20000, false, true]")
+    expect(lines[1]).to match(/start: .*Ractor/)
+  end
+end

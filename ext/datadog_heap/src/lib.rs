@@ -47,5 +47,9 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     recorder::init(ruby, module)?;
     module.define_singleton_method("_native_version", function!(native_version, 0))?;
     module.define_singleton_method("_native_after_fork_all", function!(after_fork_all, 0))?;
+    module.define_singleton_method(
+        "_native_ractors_starting",
+        function!(sampler::stop_for_ractors, 0),
+    )?;
     Ok(())
 }

@@ -429,10 +429,6 @@ impl Recorder {
                 ("sampler_skipped_internal", st.skipped_internal),
                 ("sampler_skipped_reentrant", st.skipped_reentrant),
                 ("sampler_skipped_by_recorder", st.skipped_by_recorder),
-                (
-                    "sampler_skipped_non_main_ractor",
-                    sampler::SKIPPED_NON_MAIN_RACTOR.load(std::sync::atomic::Ordering::Relaxed),
-                ),
                 ("sampler_hook_errors", st.hook_errors),
                 ("sampler_time_ns_total", st.sampling_ns_total),
                 ("sampler_time_ns_max", st.sampling_ns_max),
@@ -738,6 +734,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     class.define_method("running?", method!(Recorder::is_running, 0))?;
 
     let testing = module.define_module("Testing")?;
+    testing.define_singleton_method("_native_empty_hook", function!(sampler::set_empty_hook, 1))?;
     testing.define_singleton_method(
         "_native_set_seed",
         function!(|rec: &Recorder, seed: u64| rec.sampler.set_seed(seed), 2),
@@ -771,7 +768,12 @@ impl Recorder {
                     format!("heap recording was disabled: {reason}"),
                 ));
             }
-            sampler::start(rb_self);
+            if !sampler::start(rb_self) {
+                return Err(heap_error(
+                    ruby,
+                    "a Ractor was started in this process: allocation sampling is not Ractor-safe",
+                ));
+            }
             Ok(true)
         })
     }

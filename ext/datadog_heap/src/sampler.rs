@@ -7,9 +7,7 @@
 //! one branch per running recorder.
 
 use std::cell::{Cell, RefCell};
-use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use datadog_heap_core::{RawFrame, RecordOutcome, MAX_FRAMES_LIMIT};
@@ -28,19 +26,17 @@ extern "C" {
         data: VALUE,
         flags: u32,
     );
-    // Exported by libruby; `rb_ractor_main_p()` in ractor.h is an inline wrapper around them.
-    static ruby_single_main_ractor: *const c_void;
-    fn rb_ractor_main_p_() -> bool;
 }
 
 const HOOK_FLAG_SAFE: u32 = 1;
 const HOOK_FLAG_RAW_ARG: u32 = 4;
 
-/// Allocations seen on non-main Ractors (never sampled; counted across all recorders).
-pub static SKIPPED_NON_MAIN_RACTOR: AtomicU64 = AtomicU64::new(0);
-
 struct Hooks {
     installed: bool,
+    /// A Ractor was started: sampling stays off for good in this process (see `stop_for_ractors`).
+    ractors_started: bool,
+    /// Test switch: a NEWOBJ hook that does nothing, to measure what any hook costs.
+    empty_hook: bool,
     running: Vec<*const Recorder>,
     /// Nesting depth of our own native work (commit, update, stats...): allocations made then
     /// are ours, not the program's, and are skipped.
@@ -49,6 +45,8 @@ struct Hooks {
 
 static HOOKS: GvlCell<Hooks> = GvlCell::new(Hooks {
     installed: false,
+    ractors_started: false,
+    empty_hook: false,
     running: Vec::new(),
     busy: 0,
 });
@@ -147,13 +145,6 @@ fn seed() -> u64 {
     (now ^ t ^ (u64::from(std::process::id()) << 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
 }
 
-/// True on the main Ractor (where all our state lives). Never allocates.
-fn on_main_ractor() -> bool {
-    // SAFETY: reads an exported pointer and calls an exported function with no arguments; both
-    // are what `rb_ractor_main_p()` does in ractor.h.
-    unsafe { !ruby_single_main_ractor.is_null() || rb_ractor_main_p_() }
-}
-
 /// Marks our own native work, so allocations it makes are not sampled. Needs the GVL.
 pub struct BusyGuard;
 
@@ -172,11 +163,16 @@ impl Drop for BusyGuard {
     }
 }
 
-/// Starts sampling for `recorder`, installing the hooks on first use. Needs the GVL.
-pub fn start(recorder: &Recorder) {
+/// Starts sampling for `recorder`, installing the hooks on first use. Needs the GVL. Refuses
+/// (returning false) once a Ractor has been started in this process.
+pub fn start(recorder: &Recorder) -> bool {
     let state = recorder.sampler();
+    // SAFETY: GVL held; no VM call inside.
+    if unsafe { HOOKS.with(|h| h.ractors_started) } {
+        return false;
+    }
     if state.running.get() {
-        return;
+        return true;
     }
     let capacity = MAX_FRAMES_LIMIT;
     state.frames.borrow_mut().resize(capacity, 0);
@@ -216,7 +212,64 @@ pub fn start(recorder: &Recorder) {
             );
         }
     }
+    true
 }
+
+/// Called (from Ruby) just before the first `Ractor.new`: stops every recorder's sampling for
+/// good and removes the hooks. Internal allocation hooks are not Ractor-safe: Ruby 3.1 itself
+/// crashes when a NEWOBJ hook is installed while another Ractor allocates (even Ruby's own
+/// `ObjectSpace.trace_object_allocations_start`), and our per-process state assumes one Ractor.
+/// Allocations after that point, in any Ractor, are not sampled. Needs the GVL.
+pub fn stop_for_ractors() {
+    // SAFETY: GVL held; no VM call inside.
+    let running = unsafe {
+        HOOKS.with(|h| {
+            h.ractors_started = true;
+            h.running.clone()
+        })
+    };
+    for p in running {
+        // SAFETY: pointers in `running` are to live recorders; nothing here can run a GC.
+        let recorder = unsafe { &*p };
+        recorder.sampler().running.set(false);
+        recorder.disable(
+            "a Ractor was started; allocation sampling is not Ractor-safe and stays off".into(),
+        );
+        stop(p);
+    }
+    set_empty_hook(false);
+}
+
+/// Test switch: installs (or removes) a NEWOBJ hook that does nothing, to measure the floor any
+/// allocation hook costs. Needs the GVL.
+pub fn set_empty_hook(enabled: bool) {
+    // SAFETY: GVL held; no VM call inside.
+    let change =
+        unsafe { HOOKS.with(|h| std::mem::replace(&mut h.empty_hook, enabled) != enabled) };
+    if !change {
+        return;
+    }
+    let hook: unsafe extern "C" fn(VALUE, *mut rb_trace_arg_t) = on_newobj_empty;
+    // SAFETY: GVL held; `on_newobj_empty` has the RAW_ARG hook signature and does nothing.
+    unsafe {
+        let hook = std::mem::transmute::<
+            unsafe extern "C" fn(VALUE, *mut rb_trace_arg_t),
+            rb_sys::rb_event_hook_func_t,
+        >(hook);
+        if enabled {
+            rb_add_event_hook2(
+                hook,
+                rb_sys::RUBY_INTERNAL_EVENT_NEWOBJ,
+                rb_sys::Qnil as VALUE,
+                HOOK_FLAG_SAFE | HOOK_FLAG_RAW_ARG,
+            );
+        } else {
+            rb_sys::rb_remove_event_hook(hook);
+        }
+    }
+}
+
+unsafe extern "C" fn on_newobj_empty(_data: VALUE, _arg: *mut rb_trace_arg_t) {}
 
 /// Stops sampling for `recorder`; removes the hooks when no recorder runs. Needs the GVL.
 /// Also called from the recorder's Drop.
@@ -299,10 +352,6 @@ fn sample(recorder: &Recorder, arg: *mut rb_trace_arg_t, busy: bool) {
     stats.allocations_seen += state.interval.get();
     state.draw_interval(recorder.sample_every_value());
     if state.disabled_reason.borrow().is_some() {
-        return;
-    }
-    if !on_main_ractor() {
-        SKIPPED_NON_MAIN_RACTOR.fetch_add(1, Ordering::Relaxed);
         return;
     }
     stats.samples_taken += 1;
