@@ -7,7 +7,8 @@ RSpec.describe DatadogHeap::Recorder do
   describe "options" do
     it "has documented defaults and readers" do
       r = described_class.new
-      expect([r.sample_every, r.sample_rate, r.size_enabled, r.max_frames]).to eq([1024, 1, true, 400])
+      expect([r.sample_every, r.sample_rate, r.size_enabled, r.max_frames, r.max_tracked_objects])
+        .to eq([1024, 1, true, 400, 262_144])
     end
 
     it "rejects bad values naming the argument and the value" do
@@ -329,6 +330,22 @@ RSpec.describe DatadogHeap::Recorder do
       expect { rec.each_live_object { raise "boom" } }.to raise_error("boom")
       rec.each_live_object { break }
       expect(live_objects(rec).size).to eq(1)
+    end
+  end
+
+  describe "max_tracked_objects" do
+    it "skips and counts recordings past the cap, and makes room as objects die" do
+      r = manual_recorder(max_tracked_objects: 5)
+      keep = Array.new(5) { Object.new }
+      keep.each { |o| record(r, o) }
+      expect(record(r, Object.new)).to be(false)
+      expect(r.stats[:lifetime_recordings_skipped_max_tracked]).to eq(1)
+      r.commit
+      keep.pop(2)
+      full_gc
+      r.each_live_object { nil }
+      expect(record(r, keep.first.dup)).to be(true)
+      expect { manual_recorder(max_tracked_objects: 0) }.to raise_error(ArgumentError, /max_tracked_objects .* got 0/)
     end
   end
 

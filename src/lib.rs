@@ -24,7 +24,8 @@ pub use pprof::{
 };
 pub use recorder::{
     CommitOutcome, HeapRecorder, LiveObject, LiveObjectData, RecordOutcome, Recorded,
-    RecorderOptions, Snapshot, UpdateKind, UpdateOutcome, MAX_PENDING_RECORDINGS,
+    RecorderOptions, Snapshot, UpdateKind, UpdateOutcome, DEFAULT_MAX_TRACKED_OBJECTS,
+    MAX_PENDING_RECORDINGS,
 };
 pub use stack::{Frame, RawFrame, Stack};
 pub use stats::{StatValue, Stats};

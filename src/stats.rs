@@ -29,6 +29,7 @@ pub struct Lifetime {
     pub recordings_skipped_sample_rate: u64,
     pub recordings_skipped_locked: u64,
     pub recordings_skipped_storage_busy: u64,
+    pub recordings_skipped_max_tracked: u64,
     pub recordings_failed: u64,
     pub commits_skipped_locked: u64,
     pub updates_skipped_iterating: u64,
@@ -135,6 +136,10 @@ impl Stats {
             (
                 "lifetime_recordings_skipped_storage_busy",
                 C(l.recordings_skipped_storage_busy),
+            ),
+            (
+                "lifetime_recordings_skipped_max_tracked",
+                C(l.recordings_skipped_max_tracked),
             ),
             ("lifetime_recordings_failed", C(l.recordings_failed)),
             (

@@ -9,19 +9,25 @@ module DatadogHeap
   # - size_enabled: measure object sizes (ObjectSpace.memsize_of) during updates
   # - max_frames: deepest stack kept (1..3000); deeper stacks keep their innermost frames and
   #   end with a "(N frames truncated)" frame
+  # - max_tracked_objects: most objects tracked at once; recordings past it are skipped and
+  #   counted (stats[:lifetime_recordings_skipped_max_tracked]). The default keeps the
+  #   recorder's own memory near 64 MiB at the cap.
   class Recorder
-    DEFAULTS = {sample_every: 1024, sample_rate: 1, size_enabled: true, max_frames: 400}.freeze
+    DEFAULTS = {sample_every: 1024, sample_rate: 1, size_enabled: true, max_frames: 400,
+                max_tracked_objects: 262_144}.freeze
     MAX_FRAMES_LIMIT = 3000
     U32_MAX = 2**32 - 1
 
     def self.new(sample_every: DEFAULTS[:sample_every], sample_rate: DEFAULTS[:sample_rate],
-      size_enabled: DEFAULTS[:size_enabled], max_frames: DEFAULTS[:max_frames])
+      size_enabled: DEFAULTS[:size_enabled], max_frames: DEFAULTS[:max_frames],
+      max_tracked_objects: DEFAULTS[:max_tracked_objects])
       Validate.integer!(:sample_every, sample_every, 1, U32_MAX)
       Validate.integer!(:sample_rate, sample_rate, 1, U32_MAX)
       Validate.boolean!(:size_enabled, size_enabled)
       Validate.integer!(:max_frames, max_frames, 1, MAX_FRAMES_LIMIT)
+      Validate.integer!(:max_tracked_objects, max_tracked_objects, 1, 2**40)
       DatadogHeap.warn_about_ruby_version
-      _native_new(self, sample_every, sample_rate, size_enabled, max_frames)
+      _native_new(self, sample_every, sample_rate, size_enabled, max_frames, max_tracked_objects)
     end
 
     def sample_rate=(value)
@@ -66,7 +72,7 @@ module DatadogHeap
 
     def inspect
       "#<#{self.class} sample_every=#{sample_every} sample_rate=#{sample_rate} " \
-        "size_enabled=#{size_enabled} max_frames=#{max_frames}>"
+        "size_enabled=#{size_enabled} max_frames=#{max_frames} max_tracked_objects=#{max_tracked_objects}>"
     end
   end
 

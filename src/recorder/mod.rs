@@ -69,13 +69,21 @@ pub struct RecorderOptions {
     pub sample_rate: u32,
     /// Measure object sizes during updates.
     pub size_enabled: bool,
+    /// Most objects tracked at once (pending and committed); recordings past it are skipped and
+    /// counted, which bounds the recorder's memory.
+    pub max_tracked_objects: usize,
 }
+
+/// Default `max_tracked_objects`: about 256 bytes per tracked object (record, WeakMap entry, its
+/// share of stacks) keeps the recorder near 64 MiB at the cap.
+pub const DEFAULT_MAX_TRACKED_OBJECTS: usize = 262_144;
 
 impl Default for RecorderOptions {
     fn default() -> Self {
         RecorderOptions {
             sample_rate: 1,
             size_enabled: true,
+            max_tracked_objects: DEFAULT_MAX_TRACKED_OBJECTS,
         }
     }
 }
@@ -89,6 +97,8 @@ pub enum RecordOutcome {
     /// A commit or update holds the lock (it may be suspended in another thread).
     SkippedLocked,
     SkippedBufferFull,
+    /// `max_tracked_objects` reached.
+    SkippedMaxTracked,
     /// The string storage is busy with a profile being encoded off the GVL.
     SkippedStorageBusy,
 }
@@ -272,6 +282,10 @@ impl HeapRecorder {
         if state.pending.len() >= MAX_PENDING_RECORDINGS {
             state.lifetime.deferred_recordings_skipped_buffer_full += 1;
             return skipped(state, RecordOutcome::SkippedBufferFull);
+        }
+        if state.object_records.len() + state.pending.len() >= state.options.max_tracked_objects {
+            state.lifetime.recordings_skipped_max_tracked += 1;
+            return skipped(state, RecordOutcome::SkippedMaxTracked);
         }
         let Some(mut strings) = self.strings.try_lock() else {
             state.lifetime.recordings_skipped_storage_busy += 1;

@@ -207,6 +207,7 @@ fn sample_rate_keeps_one_in_n_and_scales_weight() {
     let rec = HeapRecorder::new(RecorderOptions {
         sample_rate: 3,
         size_enabled: true,
+        ..RecorderOptions::default()
     });
     let mut vm = FakeVm::new();
     let outcomes: Vec<_> = (0..6)
@@ -252,6 +253,7 @@ fn weight_overflow_is_an_error_that_leaves_nothing_behind() {
     let rec = HeapRecorder::new(RecorderOptions {
         sample_rate: 2,
         size_enabled: true,
+        ..RecorderOptions::default()
     });
     let mut vm = FakeVm::new();
     let o = vm.alloc(1);
@@ -505,6 +507,7 @@ fn size_disabled_never_measures() {
     let rec = HeapRecorder::new(RecorderOptions {
         sample_rate: 1,
         size_enabled: false,
+        ..RecorderOptions::default()
     });
     let mut vm = FakeVm::new();
     record(&rec, &mut vm, "a", 1);
@@ -668,4 +671,34 @@ fn memsize_grows_with_tracked_objects() {
         rec.memsize(),
         before
     );
+}
+
+#[test]
+fn max_tracked_objects_bounds_pending_plus_committed() {
+    let rec = HeapRecorder::new(RecorderOptions {
+        max_tracked_objects: 3,
+        ..RecorderOptions::default()
+    });
+    let mut vm = FakeVm::new();
+    let objs: Vec<_> = (0..2).map(|i| record(&rec, &mut vm, "a", i)).collect();
+    rec.commit(&mut vm).unwrap();
+    record(&rec, &mut vm, "a", 9);
+    let extra = vm.alloc(1);
+    let r = rec
+        .record_allocation(extra, 1, None, &frames("a", 1), 0)
+        .unwrap();
+    assert_eq!(r.outcome, RecordOutcome::SkippedMaxTracked);
+    assert_eq!(
+        rec.stats().unwrap().lifetime.recordings_skipped_max_tracked,
+        1
+    );
+    // Room again once an object dies and an update drops it.
+    rec.commit(&mut vm).unwrap();
+    vm.gc();
+    vm.kill(objs[0]);
+    full_update(&rec, &mut vm);
+    let r = rec
+        .record_allocation(extra, 1, None, &frames("a", 1), 0)
+        .unwrap();
+    assert_eq!(r.outcome, RecordOutcome::Pending);
 }

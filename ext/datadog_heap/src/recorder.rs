@@ -81,7 +81,8 @@ fn u32_arg(ruby: &Ruby, name: &str, value: u64) -> Result<u32, Error> {
 }
 
 impl Recorder {
-    /// `_native_new(sample_every, sample_rate, size_enabled, max_frames)`; Ruby has validated.
+    /// `_native_new(class, sample_every, sample_rate, size_enabled, max_frames,
+    /// max_tracked_objects)`; Ruby has validated.
     fn native_new(
         ruby: &Ruby,
         class: RClass,
@@ -89,6 +90,7 @@ impl Recorder {
         sample_rate: u64,
         size_enabled: bool,
         max_frames: usize,
+        max_tracked_objects: usize,
     ) -> Result<Obj<Recorder>, Error> {
         guarded(ruby, || {
             let sample_rate = u32_arg(ruby, "sample_rate", sample_rate)?;
@@ -103,6 +105,7 @@ impl Recorder {
             let core = HeapRecorder::new(RecorderOptions {
                 sample_rate,
                 size_enabled,
+                max_tracked_objects,
             });
             // Allocates and may GC; nothing refers to the recorder yet, so nothing is half-seen.
             let weak_map = weak_map::new_map(ruby)?;
@@ -556,6 +559,16 @@ impl Recorder {
         })
     }
 
+    fn max_tracked_objects(ruby: &Ruby, rb_self: &Self) -> Result<usize, Error> {
+        guarded(ruby, || {
+            Ok(rb_self
+                .core
+                .options()
+                .map_err(|e| crate::errors::to_ruby(ruby, e))?
+                .max_tracked_objects)
+        })
+    }
+
     fn max_frames(&self) -> usize {
         self.max_frames.get()
     }
@@ -688,7 +701,7 @@ fn convert_locations(
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     let class = module.define_class("Recorder", ruby.class_object())?;
     class.undef_default_alloc_func();
-    class.define_singleton_method("_native_new", function!(Recorder::native_new, 5))?;
+    class.define_singleton_method("_native_new", function!(Recorder::native_new, 6))?;
     class.define_method(
         "_native_record_allocation",
         method!(Recorder::record_allocation, 4),
@@ -727,6 +740,10 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         method!(Recorder::set_size_enabled, 1),
     )?;
     class.define_method("max_frames", method!(Recorder::max_frames, 0))?;
+    class.define_method(
+        "max_tracked_objects",
+        method!(Recorder::max_tracked_objects, 0),
+    )?;
     class.define_method("sample_every", method!(Recorder::sample_every, 0))?;
 
     class.define_method("start", method!(Recorder::start, 0))?;

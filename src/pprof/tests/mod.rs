@@ -53,6 +53,7 @@ impl World {
             rec: HeapRecorder::new(RecorderOptions {
                 sample_rate: 1,
                 size_enabled,
+                ..RecorderOptions::default()
             }),
             vm: FakeVm::new(),
         }
