@@ -190,6 +190,22 @@ RSpec.describe "built-in allocation sampler" do
     expect(a.size + b.size).to eq(25_000)
   end
 
+  it "samples what a block passed to each_live_object allocates (it is the program's)" do
+    @rec = sampled_recorder
+    @rec.start
+    first = Array.new(3) { Kept.new(0) }
+    GC.start
+    inside = []
+    @rec.each_live_object { |o| inside << Kept.new(1) if o.class_name == "Kept" }
+    @rec.stop
+    @rec.commit
+    full_gc
+    kept = @rec.each_live_object.count { |o| o.class_name == "Kept" }
+    expect(inside.size).to eq(3)
+    expect(kept).to eq(6)
+    expect(first.size).to eq(3)
+  end
+
   it "DatadogHeap.start / stop / recorder manage one process-wide recorder" do
     rec = DatadogHeap.start(sample_every: 1)
     expect(DatadogHeap.recorder).to be(rec)

@@ -7,6 +7,7 @@
 mod errors;
 mod gvl_cell;
 mod postponed;
+mod profile_reader;
 mod recorder;
 mod registry;
 mod ruby_vm;
@@ -32,6 +33,7 @@ fn after_fork_all(ruby: &Ruby) -> Result<(), Error> {
             // SAFETY: pointers in the registry are to live recorders (see registry docs).
             unsafe { &*recorder }.reset_after_fork();
         }
+        sampler::reset_busy_after_fork();
         Ok(())
     })
 }
@@ -45,6 +47,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     weak_map::init(ruby)?;
     postponed::init();
     recorder::init(ruby, module)?;
+    profile_reader::init(ruby, module)?;
     module.define_singleton_method("_native_version", function!(native_version, 0))?;
     module.define_singleton_method("_native_after_fork_all", function!(after_fork_all, 0))?;
     module.define_singleton_method(

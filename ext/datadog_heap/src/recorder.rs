@@ -206,6 +206,15 @@ impl Recorder {
         std::hint::black_box(&keep_alive);
     }
 
+    /// Ends an iteration this thread prepared. In a forked child the fork hook already ended it
+    /// (the child inherited the snapshot mid-way), which is fine.
+    fn end_iteration(&self, ruby: &Ruby) -> Result<(), Error> {
+        match self.core.finish_iteration() {
+            Ok(()) | Err(datadog_heap_core::HeapError::NoIterationPrepared) => Ok(()),
+            Err(e) => Err(crate::errors::to_ruby(ruby, e)),
+        }
+    }
+
     /// Commit from the postponed job: errors are kept, never raised.
     pub fn commit_pending_from_job(&self) {
         let Ok(ruby) = Ruby::get() else { return };
@@ -362,16 +371,14 @@ impl Recorder {
                     args.push(d.alloc_gen)?;
                     args.push(d.gen_age)?;
                     args.push(d.frozen)?;
-                    let _: Value = ruby.yield_splat(args)?;
+                    // The block's allocations are the program's, not ours: sample them.
+                    let _: Value = sampler::not_busy(|| ruby.yield_splat(args))?;
                 }
                 Ok(())
             })();
             // Ends the iteration whatever happened in the block; an error from that is only
             // worth raising when the block itself went fine.
-            let finished = rb_self
-                .core
-                .finish_iteration()
-                .map_err(|e| crate::errors::to_ruby(ruby, e));
+            let finished = rb_self.end_iteration(ruby);
             result?;
             finished?;
             Ok(ruby.qnil().as_value())
@@ -388,10 +395,7 @@ impl Recorder {
                 ..EncodeOptions::default()
             };
             let encoded = without_gvl(|| encode_profile(&snapshot, &options));
-            let finished = rb_self
-                .core
-                .finish_iteration()
-                .map_err(|e| crate::errors::to_ruby(ruby, e));
+            let finished = rb_self.end_iteration(ruby);
             let encoded = match encoded {
                 Some(result) => result.map_err(|e| crate::errors::to_ruby(ruby, e))?,
                 None => {

@@ -156,6 +156,23 @@ impl BusyGuard {
     }
 }
 
+/// Runs `f` (which calls back into user Ruby code) with our busy mark lifted, so its allocations
+/// are sampled like any other. Needs the GVL.
+pub fn not_busy<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: GVL held; no VM call inside the closures.
+    let depth = unsafe { HOOKS.with(|h| std::mem::replace(&mut h.busy, 0)) };
+    let out = f();
+    // SAFETY: as above.
+    unsafe { HOOKS.with(|h| h.busy = depth) };
+    out
+}
+
+/// For a forked child: only the forking thread survives, and it is not inside our native work.
+pub fn reset_busy_after_fork() {
+    // SAFETY: GVL held (called from a Ruby method); no VM call inside.
+    unsafe { HOOKS.with(|h| h.busy = 0) };
+}
+
 impl Drop for BusyGuard {
     fn drop(&mut self) {
         // SAFETY: as in `enter`.

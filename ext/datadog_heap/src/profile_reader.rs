@@ -1,0 +1,262 @@
+//! `DatadogHeap::Profile`: a pprof file read back into plain Ruby data, for the CLI and for
+//! anyone who wants to look at a profile from Ruby.
+//!
+//! The parsed profile (core `ProfileData`, no Ruby values) lives in a TypedData object, so a
+//! profile is decoded once however many questions are asked of it. Every native here returns
+//! plain Ruby data (Arrays, Hashes, Strings, Integers, Floats); lib/datadog_heap/profile.rb turns
+//! them into Structs and holds the keyword arguments and validation.
+//!
+//! All natives run with the GVL, may allocate and may raise (`DatadogHeap::Error` for a profile
+//! that does not decode, `ArgumentError` for a bad sort key). None is reachable from the
+//! allocation hook or a GC callback.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use datadog_heap_core::{
+    diff_sites, read_profile, top_sites, ProfileData, SampleType, SortBy, SourceFrame,
+};
+use magnus::{
+    function, method, prelude::*, typed_data::Obj, value::ReprValue, DataTypeFunctions, Error,
+    IntoValue, RArray, RClass, RHash, RModule, RString, Ruby, TypedData,
+};
+
+use crate::errors::{arg_error, guarded, heap_error, to_ruby};
+
+#[derive(TypedData)]
+#[magnus(class = "DatadogHeap::Profile", free_immediately, size)]
+pub struct Profile {
+    data: ProfileData,
+    /// Approximate heap bytes `data` holds, computed once at parse time (for `ObjectSpace`).
+    memsize: usize,
+}
+
+impl DataTypeFunctions for Profile {
+    /// Never panics or allocates.
+    fn size(&self) -> usize {
+        std::mem::size_of::<Self>() + self.memsize
+    }
+}
+
+/// Heap bytes held by a parsed profile; stacks shared between samples are counted once.
+fn memsize(data: &ProfileData) -> usize {
+    let mut seen = std::collections::HashSet::new();
+    let mut total = data.sample_types.capacity() * std::mem::size_of::<SampleType>()
+        + data.samples.capacity() * std::mem::size_of::<datadog_heap_core::SampleData>();
+    for sample in &data.samples {
+        total += sample.values.capacity() * std::mem::size_of::<i64>();
+        total += sample.class.as_ref().map_or(0, String::capacity);
+        if seen.insert(sample.frames.as_ptr()) {
+            total += sample
+                .frames
+                .iter()
+                .map(|f| std::mem::size_of::<SourceFrame>() + f.name.len() + f.filename.len())
+                .sum::<usize>();
+        }
+    }
+    total
+}
+
+/// Ruby arrays for the stacks of one answer, one frozen `[[name, path, line], ...]` per distinct
+/// stack, so samples and sites that share a stack share its array.
+///
+/// The arrays are kept in `keep`, a Ruby Array on this native's stack (so the GC sees them and
+/// compaction can move them); the map from the Rust stack to its array holds indexes only.
+struct StackArrays {
+    keep: RArray,
+    index: HashMap<*const SourceFrame, usize>,
+}
+
+impl StackArrays {
+    fn new(ruby: &Ruby) -> Self {
+        StackArrays {
+            keep: ruby.ary_new(),
+            index: HashMap::new(),
+        }
+    }
+
+    fn get(&mut self, ruby: &Ruby, frames: &Arc<[SourceFrame]>) -> Result<RArray, Error> {
+        if let Some(&i) = self.index.get(&frames.as_ptr()) {
+            return self.keep.entry(i as isize);
+        }
+        let array = ruby.ary_new_capa(frames.len());
+        for f in frames.iter() {
+            let frame = ruby.ary_new_from_values(&[
+                ruby.str_new(&f.name).as_value(),
+                ruby.str_new(&f.filename).as_value(),
+                ruby.integer_from_i64(f.line).as_value(),
+            ]);
+            frame.freeze();
+            array.push(frame)?;
+        }
+        array.freeze();
+        self.index.insert(frames.as_ptr(), self.keep.len());
+        self.keep.push(array)?;
+        Ok(array)
+    }
+}
+
+fn value_type(ruby: &Ruby, t: &SampleType) -> RArray {
+    ruby.ary_new_from_values(&[
+        ruby.str_new(&t.name).as_value(),
+        ruby.str_new(&t.unit).as_value(),
+    ])
+}
+
+/// Sum of column `at` over every sample (saturating); `None` when the column does not exist.
+fn total(data: &ProfileData, at: Option<usize>) -> Option<i64> {
+    let at = at?;
+    Some(data.samples.iter().fold(0i64, |sum, s| {
+        sum.saturating_add(s.values.get(at).copied().unwrap_or(0))
+    }))
+}
+
+impl Profile {
+    /// `Profile._native_parse(bytes)` -> a Profile. `bytes` is a gzip, zstd or raw pprof.
+    fn parse(ruby: &Ruby, class: RClass, bytes: RString) -> Result<Obj<Profile>, Error> {
+        guarded(ruby, || {
+            // SAFETY: the slice is copied before any other Ruby call could move or change `bytes`.
+            let bytes = unsafe { bytes.as_slice() }.to_vec();
+            let data = read_profile(&bytes).map_err(|e| to_ruby(ruby, e))?;
+            drop(bytes);
+            if data.sample_types.is_empty() {
+                // Arbitrary bytes can happen to decode as a protobuf; a profile always says what
+                // its values measure.
+                return Err(heap_error(
+                    ruby,
+                    format!(
+                        "pprof: not a profile: it defines no sample types ({} samples)",
+                        data.samples.len()
+                    ),
+                ));
+            }
+            let memsize = memsize(&data);
+            Ok(ruby.obj_wrap_as(Profile { data, memsize }, class))
+        })
+    }
+
+    /// `_native_info` -> Hash: `sample_types` ([[name, unit], ...]), `period_type` ([name, unit]
+    /// or nil), `period`, `time_nanos`, `duration_nanos`, `samples` (count), `objects_index` and
+    /// `bytes_index` (which value counts live objects / bytes, or nil), `total_objects` and
+    /// `total_bytes` (sums of those values, or nil).
+    fn info(ruby: &Ruby, rb_self: &Self) -> Result<RHash, Error> {
+        guarded(ruby, || {
+            let data = &rb_self.data;
+            let hash = ruby.hash_new();
+            let types = ruby.ary_new_capa(data.sample_types.len());
+            for t in &data.sample_types {
+                types.push(value_type(ruby, t))?;
+            }
+            hash.aset(ruby.to_symbol("sample_types"), types)?;
+            hash.aset(
+                ruby.to_symbol("period_type"),
+                data.period_type.as_ref().map(|t| value_type(ruby, t)),
+            )?;
+            hash.aset(ruby.to_symbol("period"), data.period)?;
+            hash.aset(ruby.to_symbol("time_nanos"), data.time_nanos)?;
+            hash.aset(ruby.to_symbol("duration_nanos"), data.duration_nanos)?;
+            hash.aset(ruby.to_symbol("samples"), data.samples.len())?;
+            let objects_at = data.objects_index();
+            let bytes_at = data.bytes_index();
+            hash.aset(ruby.to_symbol("objects_index"), objects_at)?;
+            hash.aset(ruby.to_symbol("bytes_index"), bytes_at)?;
+            hash.aset(ruby.to_symbol("total_objects"), total(data, objects_at))?;
+            hash.aset(ruby.to_symbol("total_bytes"), total(data, bytes_at))?;
+            Ok(hash)
+        })
+    }
+
+    /// `_native_samples` -> `[[locations, values, class_name, gen_age], ...]` in file order;
+    /// `locations` innermost frame first, `values` in the order of the sample types.
+    fn samples(ruby: &Ruby, rb_self: &Self) -> Result<RArray, Error> {
+        guarded(ruby, || {
+            let data = &rb_self.data;
+            let mut stacks = StackArrays::new(ruby);
+            let out = ruby.ary_new_capa(data.samples.len());
+            for sample in &data.samples {
+                let row = ruby.ary_new_from_values(&[
+                    stacks.get(ruby, &sample.frames)?.as_value(),
+                    ruby.ary_from_vec(sample.values.clone()).as_value(),
+                    sample.class.as_deref().into_value_with(ruby),
+                    sample.gen_age.into_value_with(ruby),
+                ]);
+                out.push(row)?;
+            }
+            Ok(out)
+        })
+    }
+
+    /// `_native_top(n, by)` with `by` "size" or "count" -> `[[locations, class_name, location,
+    /// live_bytes, live_objects, share, median_gen_age], ...]`, largest first.
+    fn top(ruby: &Ruby, rb_self: &Self, n: usize, by: String) -> Result<RArray, Error> {
+        guarded(ruby, || {
+            let by = match by.as_str() {
+                "size" => SortBy::Size,
+                "count" => SortBy::Count,
+                other => {
+                    return Err(arg_error(
+                        ruby,
+                        format!("by must be \"size\" or \"count\", got {other:?}"),
+                    ))
+                }
+            };
+            let sites = top_sites(&rb_self.data, n, by);
+            let mut stacks = StackArrays::new(ruby);
+            let out = ruby.ary_new_capa(sites.len());
+            for site in &sites {
+                let row = ruby.ary_new_from_values(&[
+                    stacks.get(ruby, &site.frames)?.as_value(),
+                    site.class.as_deref().into_value_with(ruby),
+                    ruby.str_new(&site.location).as_value(),
+                    site.live_bytes.into_value_with(ruby),
+                    site.live_objects.into_value_with(ruby),
+                    site.share.into_value_with(ruby),
+                    site.median_gen_age.into_value_with(ruby),
+                ]);
+                out.push(row)?;
+            }
+            Ok(out)
+        })
+    }
+
+    /// `_native_diff(other)` -> every site of either profile, from `self` (old) to `other`
+    /// (new), largest growth in live bytes first: `[[locations, class_name, location, old_bytes,
+    /// new_bytes, old_objects, new_objects, bytes_change, objects_change, bytes_relative,
+    /// objects_relative], ...]` (relative changes are nil when the old value is 0).
+    fn diff(ruby: &Ruby, rb_self: &Self, other: &Profile) -> Result<RArray, Error> {
+        guarded(ruby, || {
+            let diffs = diff_sites(&rb_self.data, &other.data);
+            let mut stacks = StackArrays::new(ruby);
+            let out = ruby.ary_new_capa(diffs.len());
+            for d in &diffs {
+                let row = ruby.ary_new_from_values(&[
+                    stacks.get(ruby, &d.frames)?.as_value(),
+                    d.class.as_deref().into_value_with(ruby),
+                    ruby.str_new(&d.location).as_value(),
+                    d.old_bytes.into_value_with(ruby),
+                    d.new_bytes.into_value_with(ruby),
+                    d.old_objects.into_value_with(ruby),
+                    d.new_objects.into_value_with(ruby),
+                    d.bytes_change.into_value_with(ruby),
+                    d.objects_change.into_value_with(ruby),
+                    d.bytes_relative.into_value_with(ruby),
+                    d.objects_relative.into_value_with(ruby),
+                ]);
+                out.push(row)?;
+            }
+            Ok(out)
+        })
+    }
+}
+
+/// Defines `DatadogHeap::Profile` (reopened by lib/datadog_heap/profile.rb). Runs under the GVL.
+pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+    let class = module.define_class("Profile", ruby.class_object())?;
+    class.undef_default_alloc_func();
+    class.define_singleton_method("_native_parse", function!(Profile::parse, 2))?;
+    class.define_method("_native_info", method!(Profile::info, 0))?;
+    class.define_method("_native_samples", method!(Profile::samples, 0))?;
+    class.define_method("_native_top", method!(Profile::top, 2))?;
+    class.define_method("_native_diff", method!(Profile::diff, 1))?;
+    Ok(())
+}
