@@ -206,6 +206,24 @@ RSpec.describe "built-in allocation sampler" do
     expect(first.size).to eq(3)
   end
 
+  it "turns itself off on an error in the hook, keeps the reason, warns once, and start raises it" do
+    @rec = sampled_recorder
+    @rec.exhaust_record_ids!
+    keep = nil
+    expect do
+      @rec.start
+      keep = Array.new(10) { Kept.new(0) }
+      10.times { Thread.pass } # lets the job that reports the error run
+    end.to output(/heap recording disabled: record ids exhausted/).to_stderr
+    stats = @rec.stats
+    expect(stats[:disabled_reason]).to match(/record ids exhausted/)
+    expect(stats[:sampler_hook_errors]).to eq(1)
+    expect { 10.times { Thread.pass } }.not_to output.to_stderr # once only
+    @rec.stop
+    expect { @rec.start }.to raise_error(DatadogHeap::Error, /disabled: record ids exhausted/)
+    expect(keep.size).to eq(10)
+  end
+
   it "DatadogHeap.start / stop / recorder manage one process-wide recorder" do
     rec = DatadogHeap.start(sample_every: 1)
     expect(DatadogHeap.recorder).to be(rec)

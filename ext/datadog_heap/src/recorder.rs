@@ -128,6 +128,18 @@ impl Recorder {
         })
     }
 
+    /// The commit job has something to do here: a commit, or a disabled reason to warn about.
+    pub fn needs_job(&self) -> bool {
+        self.has_pending()
+            || (!self.sampler.warned.get()
+                && self
+                    .sampler
+                    .disabled_reason
+                    .try_borrow()
+                    .map(|r| r.is_some())
+                    .unwrap_or(false))
+    }
+
     /// Something is pending and the commit job may take it (tests can hold commits back).
     pub fn has_pending(&self) -> bool {
         self.postponed_commits.get()

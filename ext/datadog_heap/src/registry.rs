@@ -28,7 +28,7 @@ pub unsafe fn remove(recorder: *const Recorder) {
     unsafe { REGISTRY.with(|r| r.recorders.retain(|&p| p != recorder)) }
 }
 
-/// The first live recorder with pending recordings that is not in `done`.
+/// The first live recorder with work for the commit job (see `Recorder::needs_job`) not in `done`.
 ///
 /// # Safety
 /// GVL held.
@@ -40,7 +40,7 @@ pub unsafe fn next_needing_commit(done: &[usize]) -> Option<*const Recorder> {
             r.recorders
                 .iter()
                 .copied()
-                .find(|&p| !done.contains(&(p as usize)) && (*p).has_pending())
+                .find(|&p| !done.contains(&(p as usize)) && (*p).needs_job())
         })
     }
 }
