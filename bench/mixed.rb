@@ -1,0 +1,103 @@
+# frozen_string_literal: true
+
+# Overhead on a realistic mix (issue 7, item 2): JSON generate and parse, an ERB render, string
+# building, hashes of arrays, one result in 50 retained for the rest of the run. The iteration
+# count is calibrated to ~2 s per run without a recorder (0.15 s under BENCH_SMOKE). Variants:
+# no recorder, an empty NEWOBJ hook (the VM floor), and recorders at sample_every 1024 (the
+# default) and 4 other values: the overhead-vs-interval curve. Overhead is the median over rounds
+# of (variant / no recorder) within the round, the order rotating round by round.
+#
+# Run: rake bench:mixed (or ruby -Ilib bench/mixed.rb; BENCH_SMOKE=1 for a quick run)
+require_relative "support"
+require "erb"
+
+RUN_SECONDS = Bench.pick(2.0, 0.15)
+ROUNDS = Bench.pick(7, 2)
+EVERY = [64, 256, 1024, 4096, 16_384].freeze
+
+TEMPLATE = ERB.new(<<~ERB, trim_mode: "-")
+  <h1><%= title %></h1>
+  <ul>
+  <%- items.each do |item| -%>
+    <li class="<%= item[:kind] %>"><%= item[:name] %>: <%= item[:tags].join(", ") %></li>
+  <%- end -%>
+  </ul>
+ERB
+
+Page = Struct.new(:title, :items) do
+  def render = TEMPLATE.result(binding)
+end
+
+# One unit of work; returns something worth retaining now and then.
+def unit(i, retained)
+  items = Array.new(8) { |j| {name: "item #{i}-#{j}", kind: j.even? ? "even" : "odd", tags: %W[t#{j} u#{i % 7} v]} }
+  json = JSON.generate({id: i, items: items, meta: {at: i * 0.5, ok: true}})
+  parsed = JSON.parse(json, symbolize_names: true)
+  html = Page.new("page #{i}", parsed[:items]).render
+  buf = +""
+  parsed[:items].each { |it| buf << it[:name] << ":" << it[:tags].join("|") << ";" }
+  index = parsed[:items].group_by { |it| it[:kind] }.transform_values { |v| v.map { |it| it[:name] } }
+  retained << [html, buf, index] if i % 50 == 0
+  html.bytesize + buf.bytesize
+end
+
+def workload(n)
+  retained = []
+  i = 0
+  while i < n
+    unit(i, retained)
+    i += 1
+  end
+  retained.size
+end
+
+# Calibrate the iteration count to RUN_SECONDS without a recorder.
+workload(50)
+probe = 200
+probe *= 2 while (t = Bench.time { workload(probe) }) < 0.2
+N = (probe * RUN_SECONDS / t).ceil
+
+VARIANTS = [:base, :empty_hook, *EVERY].freeze
+
+def run(variant)
+  rec = nil
+  case variant
+  when :base then nil
+  when :empty_hook then DatadogHeap::Testing._native_empty_hook(true)
+  else rec = DatadogHeap::Recorder.new(sample_every: variant)
+  end
+  rec&.start
+  seconds = Bench.time { workload(N) }
+  rec&.stop
+  {seconds: seconds, stats: rec&.stats}
+ensure
+  DatadogHeap::Testing._native_empty_hook(false) if variant == :empty_hook
+end
+
+allocs_per_unit = begin
+  a = GC.stat(:total_allocated_objects)
+  workload(200)
+  (GC.stat(:total_allocated_objects) - a) / 200.0
+end
+
+Bench.header("bench/mixed.rb: overhead on a JSON/ERB/string/hash mix",
+  ["#{N} units per run (~#{RUN_SECONDS} s without a recorder, #{allocs_per_unit.round} allocations each), " \
+   "#{ROUNDS} rounds, overhead = median of per-round ratios"])
+
+res = Bench.alternate(VARIANTS, ROUNDS) { |v| run(v) }
+base = Bench.median(res[:base].map { |r| r[:seconds] })
+rows = VARIANTS.map do |v|
+  ratio = Bench.paired_ratio(res, v, :base, :seconds)
+  stats = res[v].map { |r| r[:stats] }.compact
+  samples = stats.empty? ? nil : stats.sum { |s| s[:sampler_samples_recorded] } / stats.size
+  in_hook = stats.empty? ? nil : stats.sum { |s| s[:sampler_time_ns_total] } / 1e9 / stats.size
+  label = case v
+          when :base then "no recorder"
+          when :empty_hook then "empty NEWOBJ hook (VM floor)"
+          when 1024 then "sample_every 1024 (default)"
+          else "sample_every #{v}"
+          end
+  [label, format("%.3f s", Bench.median(res[v].map { |r| r[:seconds] })), v == :base ? "" : Bench.percent(ratio - 1),
+    samples || "", in_hook ? Bench.percent(in_hook / base) : ""]
+end
+Bench.table(["variant", "median run", "overhead", "samples/run", "in-hook time / run"], rows)
