@@ -42,7 +42,7 @@ RSpec.describe "Recorder#profile" do
     end
   end
 
-  it "lets other threads run while a 200k-object profile is built" do
+  it "lets other threads run while a 200k-object profile is built", :heavy do
     keep = Array.new(200_000) { |i| Object.new.tap { |o| record(@rec, o, locations: [["s#{i % 500}", "/app/s.rb", i % 500]]) && (@rec.commit if (i % 250).zero?) } }
     @rec.commit
     GC.start

@@ -103,7 +103,7 @@ RSpec.describe "built-in allocation sampler" do
   it "allocates no Ruby object in the hook" do
     loop_allocs = lambda do
       before = GC.stat(:total_allocated_objects)
-      20_000.times { Object.new }
+      scaled(20_000).times { Object.new }
       GC.stat(:total_allocated_objects) - before
     end
     baseline = Array.new(2) { loop_allocs.call }.min
@@ -113,12 +113,12 @@ RSpec.describe "built-in allocation sampler" do
     # The queue fills at 256 and the rest are skipped, but every one goes through the hook.
     sampled = loop_allocs.call
     @rec.stop
-    expect(@rec.stats[:sampler_samples_taken]).to be >= 20_000
+    expect(@rec.stats[:sampler_samples_taken]).to be >= scaled(20_000)
     # Sampling every allocation adds none of its own (the hook allocates nothing).
     expect(sampled).to be <= baseline
   end
 
-  it "runs under GC.stress for 10k allocations" do
+  it "runs under GC.stress for 10k allocations", :heavy do
     @rec = sampled_recorder
     keep = []
     @rec.start
@@ -136,7 +136,7 @@ RSpec.describe "built-in allocation sampler" do
   it "handles 8 threads allocating while the main thread commits and updates" do
     @rec = sampled_recorder
     @rec.start
-    threads = Array.new(8) { Thread.new { Array.new(2_000) { Kept.new(1) }.last(10) } }
+    threads = Array.new(8) { Thread.new { Array.new(scaled(2_000)) { Kept.new(1) }.last(10) } }
     20.times { @rec.commit; @rec.update_young_objects; Thread.pass }
     kept = threads.flat_map(&:value)
     @rec.stop
@@ -165,7 +165,7 @@ RSpec.describe "built-in allocation sampler" do
     expect(count).to eq(30)
   end
 
-  it "estimates retained counts within 15% with sample_every: 64 (seeded)" do
+  it "estimates retained counts within 15% with sample_every: 64 (seeded)", :heavy do
     @rec = DatadogHeap::Recorder.new(sample_every: 64)
     DatadogHeap::Testing._native_set_seed(@rec, 12_345)
     a = []

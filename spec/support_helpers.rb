@@ -2,6 +2,13 @@
 
 # Helpers shared by the recorder specs.
 module RecorderHelpers
+  GC_STRESSED = ENV["GC_STRESS"] == "1"
+
+  # Loop sizes shrink under GC_STRESS=1, where every allocation runs a full GC.
+  def scaled(n)
+    GC_STRESSED ? [n / 100, 20].max : n
+  end
+
   LOCATIONS = [["Widget#build", "/app/widget.rb", 12], ["<main>", "/app/main.rb", 1]].freeze
 
   # A recorder whose recordings wait for an explicit commit, so specs decide when commits happen.
@@ -33,6 +40,11 @@ end
 
 RSpec.configure do |config|
   config.include RecorderHelpers
+  # Examples whose point needs large counts (statistics, 200k objects, their own GC.stress) are
+  # too slow under GC_STRESS=1 and add nothing there; the normal run covers them.
+  if RecorderHelpers::GC_STRESSED
+    config.before(:each, :heavy) { skip "needs large counts; too slow under GC_STRESS=1 (covered by the normal run)" }
+  end
   # On failure, show the recorder's state (when the example kept it in @rec).
   config.after do |example|
     if example.exception && defined?(@rec) && @rec
