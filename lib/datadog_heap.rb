@@ -52,6 +52,7 @@ rescue LoadError
 end
 
 require_relative "datadog_heap/recorder"
+require_relative "datadog_heap/profile"
 
 Process.singleton_class.prepend(DatadogHeap::ForkHook)
 Ractor.singleton_class.prepend(DatadogHeap::RactorGuard) if defined?(Ractor)

@@ -1,0 +1,226 @@
+# frozen_string_literal: true
+
+require "open3"
+require "tmpdir"
+require "zlib"
+require_relative "fixtures/profiles"
+
+RSpec.describe DatadogHeap::Profile do
+  # Keeps the recorded objects alive for the example.
+  let(:objects) { mixed_objects }
+
+  before { @rec = recorder_with(objects) }
+
+  # GC off while two snapshots are taken, so both see the same gen ages (GC_STRESS=1 too).
+  def without_gc
+    GC.disable
+    yield
+  ensure
+    GC.enable
+  end
+
+  it "decodes a profile to the samples each_live_object reports: stacks, classes, ages, counts, sizes" do
+    profile = live = nil
+    without_gc do
+      profile = described_class.parse(@rec.profile)
+      live = @rec.each_live_object.to_a
+    end
+    expected = Hash.new { |h, k| h[k] = [0, 0] }
+    live.each do |o|
+      sums = expected[[o.locations, o.class_name, o.gen_age]]
+      sums[0] += o.weight
+      sums[1] += o.weight * o.size
+    end
+    got = profile.samples.to_h { |s| [[s.locations, s.class_name, s.gen_age], [s.objects, s.bytes]] }
+    expect(got).to eq(expected)
+    expect(profile.samples.map(&:values)).to eq(profile.samples.map { |s| [s.objects, s.bytes] })
+    expect(live.map(&:weight).sum).to eq(4 + 80 + 3)
+    expect(profile.total_objects).to eq(87)
+    expect(profile.total_bytes).to eq(live.sum { |o| o.weight * o.size })
+    expect(live.find { |o| o.locations == ProfileFixtures::CACHE_SITE }.size).to be >= 10_000
+    expect(objects.size).to eq(47)
+  end
+
+  it "names its sample types and period" do
+    profile = described_class.parse(@rec.profile)
+    expect(profile.sample_types).to eq([%w[heap-live-samples count], %w[heap-live-size bytes]])
+    expect(profile.period_type).to eq(%w[allocations count])
+    expect(profile.period).to eq(1024)
+    expect(profile.sizes?).to be(true)
+    expect(profile.path).to be_nil
+    expect(profile.inspect).to include("samples=3", "heap-live-samples/count,heap-live-size/bytes")
+  end
+
+  it "has no size type when the recorder does not measure sizes, and ranks by count then" do
+    keep = mixed_objects
+    profile = described_class.parse(recorder_with(keep, size_enabled: false).profile)
+    expect(profile.sample_types).to eq([%w[heap-live-samples count]])
+    expect(profile.sizes?).to be(false)
+    expect(profile.total_bytes).to be_nil
+    expect(profile.samples.map(&:bytes)).to all(be_nil)
+    expect(profile.top(3, by: :size)).to eq(profile.top(3, by: :count))
+    expect(profile.top(1).first.location).to eq("/app/buffer.rb:8")
+    expect(profile.top(1).first.share).to eq(80.0 / 87)
+    expect(keep.size).to eq(47)
+  end
+
+  it "loads a file and names it" do
+    Dir.mktmpdir do |dir|
+      path = write_fixture(@rec, dir, "heap.pb.gz")
+      profile = described_class.load(path)
+      expect(profile.path).to eq(path)
+      expect(profile.samples.size).to eq(3)
+      expect(profile.inspect).to include(path)
+    end
+  end
+
+  it "reads a raw (uncompressed) pprof the same as the gzip one" do
+    gz = @rec.profile
+    expect(described_class.parse(Zlib.gunzip(gz)).samples).to eq(described_class.parse(gz).samples)
+  end
+
+  it "ranks sites by live bytes or by live objects, with shares, classes, ages and the app frame" do
+    profile = described_class.parse(@rec.profile)
+    by_size = profile.top(10)
+    expect(by_size.map(&:location)).to eq(["/app/leaky_cache.rb:17", "/app/api.rb:9", "/app/buffer.rb:8"])
+    cache = by_size.first
+    expect(cache).to have_attributes(class_name: "String", live_objects: 4, locations: ProfileFixtures::CACHE_SITE)
+    expect(cache.median_gen_age).to be >= 1 # 1 GC since the recording, more under GC_STRESS=1
+    expect(cache.live_bytes).to be >= 40_000
+    expect(by_size.sum(&:share)).to be_within(1e-9).of(1.0)
+    expect(cache.share).to eq(cache.live_bytes.to_f / profile.total_bytes)
+
+    by_count = profile.top(2, by: :count)
+    expect(by_count.map(&:location)).to eq(["/app/buffer.rb:8", "/app/leaky_cache.rb:17"])
+    expect(by_count.first).to have_attributes(class_name: "Buffer::Chunk", live_objects: 80)
+    expect(by_count.first.share).to eq(80.0 / 87)
+  end
+
+  it "shares one frozen locations array between the samples of a stack" do
+    keep = strings_at(ProfileFixtures::CACHE_SITE, 2) + objects_at(ProfileFixtures::CACHE_SITE, 2, weight: 3)
+    samples = described_class.parse(recorder_with(keep).profile).samples
+    expect(samples.map(&:class_name)).to contain_exactly("String", "Object")
+    expect(samples[0].locations).to equal(samples[1].locations)
+    expect(samples[0].locations).to be_frozen
+    expect(samples[0].locations).to all(be_frozen)
+    expect(samples).to be_frozen
+    expect(keep.size).to eq(4)
+  end
+
+  it "diffs two profiles: growth first, relative change, new sites, shrunk sites last" do
+    old = described_class.parse(@rec.profile)
+    grown = mixed_objects.reject { |_, site, _, _| site == ProfileFixtures::BUFFER_SITE } +
+      strings_at(ProfileFixtures::CACHE_SITE, 4, bytes: 10_000) +
+      objects_at([["Fresh#site", "/app/fresh.rb", 1]], 5)
+    new = described_class.parse(recorder_with(grown).profile)
+    diffs = old.diff(new)
+    expect(diffs.map(&:location)).to eq(["/app/leaky_cache.rb:17", "/app/fresh.rb:1", "/app/api.rb:9", "/app/buffer.rb:8"])
+    cache, fresh, json, buffer = diffs
+    expect(cache).to have_attributes(old_objects: 4, new_objects: 8, objects_change: 4, objects_relative: 1.0)
+    expect(cache.bytes_change).to eq(cache.new_bytes - cache.old_bytes)
+    expect(cache.bytes_relative).to be_within(0.01).of(1.0)
+    expect(fresh).to have_attributes(old_bytes: 0, old_objects: 0, new_objects: 5, bytes_relative: nil, objects_relative: nil)
+    expect(json.bytes_change).to eq(0)
+    expect(buffer).to have_attributes(new_objects: 0, objects_change: -80, objects_relative: -1.0)
+    expect(buffer.bytes_change).to be < 0
+    expect(old.diff(old).map(&:bytes_change)).to all(eq(0))
+    expect(grown.size).to be > 0
+  end
+
+  describe "errors" do
+    it "names the path and the reason for a missing file or a directory" do
+      Dir.mktmpdir do |dir|
+        missing = File.join(dir, "nope.pb.gz")
+        expect { described_class.load(missing) }
+          .to raise_error(DatadogHeap::Error, "cannot read profile #{missing}: No such file or directory")
+        expect { described_class.load(dir) }.to raise_error(DatadogHeap::Error, /cannot read profile #{dir}: Is a directory/)
+      end
+    end
+
+    it "names the path and the reason for a file that is not a profile" do
+      Dir.mktmpdir do |dir|
+        {
+          "text.txt" => ["this is not a profile\n", /not a pprof protobuf/],
+          "empty.pb" => ["", /empty/],
+          "truncated.pb.gz" => [@rec.profile[0, 30], /gzip input of 30 bytes is corrupt or truncated/],
+          # Valid protobuf (field 9, time_nanos = 1) but no sample types: not a profile either.
+          "no_types.pb" => ["\x48\x01".b, /defines no sample types/],
+        }.each do |name, (content, reason)|
+          path = File.join(dir, name)
+          File.binwrite(path, content)
+          expect { described_class.load(path) }.to raise_error(DatadogHeap::Error) { |e|
+            expect(e.message).to start_with("#{path} is not a readable pprof profile (#{content.bytesize} bytes): ")
+            expect(e.message).to match(reason)
+          }
+        end
+      end
+    end
+
+    it "checks its arguments" do
+      profile = described_class.parse(@rec.profile)
+      expect { described_class.parse(nil) }.to raise_error(TypeError, /bytes must be a String/)
+      expect { described_class.new }.to raise_error(NoMethodError)
+      expect { profile.top(0) }.to raise_error(ArgumentError, /n must be between 1/)
+      expect { profile.top("3") }.to raise_error(TypeError, /n must be an Integer/)
+      expect { profile.top(3, by: :bytes) }.to raise_error(ArgumentError, /by must be one of :size, :count, got :bytes/)
+      expect { profile.diff("old.pb.gz") }.to raise_error(TypeError, /other must be a DatadogHeap::Profile/)
+    end
+  end
+
+  it "reports its memory to ObjectSpace" do
+    keep = Array.new(200) { |i| ["x", [["site#{i}", "/app/s#{i}.rb", i]], 1, "String"] }
+    big = described_class.parse(recorder_with(keep).profile)
+    small = described_class.parse(@rec.profile)
+    expect(ObjectSpace.memsize_of(big)).to be > ObjectSpace.memsize_of(small)
+    expect(keep.size).to eq(200)
+  end
+
+  describe "with go tool pprof" do
+    go = ENV.fetch("PATH", "").split(File::PATH_SEPARATOR).map { |d| File.join(d, "go") }.find { |f| File.executable?(f) }
+
+    before do
+      skip "go is not installed (Debian: golang-go, which bin/setup installs): cannot check go tool pprof" unless go
+    end
+
+    # Runs `go tool pprof ARGS` in a scratch HOME and GOCACHE, never asking the network.
+    def pprof(go, dir, *args)
+      env = {"HOME" => dir, "GOCACHE" => File.join(dir, "gocache"), "GOPROXY" => "off"}
+      out, err, status = Open3.capture3(env, go, "tool", "pprof", "-symbolize=none", *args)
+      expect(status).to be_success, "go tool pprof #{args.join(" ")} failed: #{err}"
+      out
+    end
+
+    # The rows of a -top table, largest first.
+    def top_rows(out)
+      out.lines.grep(/\A\s*\d[\d.]*\w*\s+[\d.]+%/)
+    end
+
+    it "reads the profile: sample types, labels and the leaking site" do
+      Dir.mktmpdir do |dir|
+        path = write_fixture(@rec, dir, "heap.pb.gz")
+        raw = pprof(go, dir, "-raw", path)
+        expect(raw).to include("PeriodType: allocations count", "Period: 1024",
+          "heap-live-samples/count heap-live-size/bytes", "allocation class:[String]",
+          "LeakyCache#remember /app/leaky_cache.rb:17")
+        expect(raw).to match(/gc gen age:\[[1-9]\d*\]/)
+        by_size = pprof(go, dir, "-top", "-sample_index=heap-live-size", path)
+        expect(by_size).to include("Type: heap-live-size")
+        expect(top_rows(by_size).first).to include("LeakyCache#remember")
+        by_count = pprof(go, dir, "-top", "-sample_index=heap-live-samples", path)
+        expect(by_count).to include("Type: heap-live-samples")
+        expect(top_rows(by_count).first).to match(/\A\s*80\s.*Buffer#push/)
+      end
+    end
+
+    it "reads a profile without sizes: only heap-live-samples" do
+      keep = mixed_objects
+      Dir.mktmpdir do |dir|
+        path = write_fixture(recorder_with(keep, size_enabled: false), dir, "heap.pb.gz")
+        raw = pprof(go, dir, "-raw", path)
+        expect(raw).to include("heap-live-samples/count")
+        expect(raw).not_to include("heap-live-size")
+      end
+      expect(keep.size).to eq(47)
+    end
+  end
+end
