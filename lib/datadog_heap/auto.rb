@@ -1,0 +1,227 @@
+# frozen_string_literal: true
+
+# `require "datadog_heap/auto"` (or `RUBYOPT=-rdatadog_heap/auto`): profiles the whole process with
+# the process-wide recorder and writes pprof files, configured by the environment:
+#
+# - DATADOG_HEAP_OUTPUT: where profiles go. A directory (one that exists, or any path ending in
+#   "/") gets `heap-<pid>-<n>.pb.gz`, n = 1, 2, ... for each write, so the last n is the final
+#   profile and the first and last can be diffed. Any other path is a file, replaced by each write
+#   (so it always holds the latest profile); a forked child writes `<name>-<pid>.pb.gz` beside it.
+#   Missing directories are created. Default: the current directory.
+# - DATADOG_HEAP_INTERVAL: seconds (a number > 0) between two writes, from a background thread.
+#   Default: unset, write only at exit. The thread needs the GVL to write, so next to a thread
+#   that never releases it writes come less often than asked (the program is not slowed down).
+# - DATADOG_HEAP_SAMPLE_EVERY: the recorder's sample_every (an Integer >= 1). Default: the
+#   Recorder's.
+#
+# At exit (after the program's own at_exit handlers), sampling stops, a GC runs and the final
+# profile is written. An invalid value gets one warning naming the variable, then its default; a
+# failed write gets a warning; nothing here raises into the program. Forked children (Process.fork,
+# fork, Process.daemon) get their own writer thread and their own files, named by their pid. It
+# is otherwise silent.
+
+require "fileutils"
+begin
+  require "datadog_heap"
+rescue ScriptError, StandardError => e
+  warn "datadog_heap/auto: not profiling: #{e.class}: #{e.message}"
+end
+
+module DatadogHeap
+  # The machinery behind `require "datadog_heap/auto"`; see lib/datadog_heap/auto.rb.
+  module Auto
+    ENV_OUTPUT = "DATADOG_HEAP_OUTPUT"
+    ENV_INTERVAL = "DATADOG_HEAP_INTERVAL"
+    ENV_SAMPLE_EVERY = "DATADOG_HEAP_SAMPLE_EVERY"
+    # How long the exit handler waits for a write in progress in the writer thread.
+    STOP_TIMEOUT = 10
+    # What a failure here can raise. Not Interrupt, SignalException or SystemExit: those belong
+    # to the program.
+    FAILURES = [StandardError, ScriptError, NoMemoryError, SystemStackError].freeze
+
+    # Where the profiles of one process go.
+    class Output
+      def initialize(path, directory)
+        @path = path
+        @directory = directory
+        @root_pid = Process.pid
+        @count = 0
+      end
+
+      # The path of the next write.
+      def next_path
+        @count += 1
+        return File.join(@path, "heap-#{Process.pid}-#{@count}.pb.gz") if @directory
+        return @path if Process.pid == @root_pid
+
+        base = File.basename(@path).sub(/(\.pb)?(\.gz)?\z/, "")
+        File.join(File.dirname(@path), "#{base}-#{Process.pid}.pb.gz")
+      end
+
+      # In a forked child: numbering starts again (the pid in the names tells the files apart).
+      def after_fork
+        @count = 0
+      end
+
+      def prepare
+        FileUtils.mkdir_p(@directory ? @path : File.dirname(@path))
+      end
+    end
+
+    class << self
+      # What the environment asked for: {output:, interval:, sample_every:}. Warns about each
+      # invalid value and uses its default instead.
+      def config(env = ENV)
+        {output: output(env), interval: interval(env), sample_every: sample_every(env)}
+      end
+
+      # Starts recording and the writer, and registers the exit handler. Called once, when this
+      # file is required; warns instead of raising.
+      def setup(env = ENV)
+        config = config(env)
+        @output = config[:output]
+        @interval = config[:interval]
+        opts = config[:sample_every] ? {sample_every: config[:sample_every]} : {}
+        # The writer thread first, so its own allocations are not sampled.
+        start_writer
+        at_exit { finish }
+        DatadogHeap.start(**opts)
+        true
+      rescue *FAILURES => e
+        @output = nil
+        stop_writer
+        warn "datadog_heap/auto: not profiling: #{e.class}: #{e.message}"
+        false
+      end
+
+      # Writes one profile now; returns its path, or nil (after a warning) when the write failed.
+      def write
+        path = @output.next_path
+        @output.prepare if @failing || !@prepared
+        @prepared = true
+        DatadogHeap.write_profile(path)
+        @failing = false
+        path
+      rescue *FAILURES => e
+        # One warning per run of failures, not one per interval.
+        warn "datadog_heap/auto: could not write #{path || "a profile"}: #{e.class}: #{e.message}" unless @failing
+        @failing = true
+        nil
+      end
+
+      # In a forked child the writer thread is gone: start a new one, with new numbering.
+      def after_fork
+        return unless @output
+
+        @output.after_fork
+        @failing = false
+        start_writer
+      rescue *FAILURES => e
+        warn "datadog_heap/auto: no periodic profiles in child #{Process.pid}: #{e.class}: #{e.message}"
+      end
+
+      private
+
+      def output(env)
+        value = env[ENV_OUTPUT]
+        return Output.new(Dir.pwd, true) if value.nil? || value.empty?
+
+        path = File.expand_path(value)
+        Output.new(path, value.end_with?("/") || File.directory?(path))
+      end
+
+      def interval(env)
+        value = env[ENV_INTERVAL]
+        return nil if value.nil? || value.strip.empty?
+
+        seconds = Float(value, exception: false)
+        return seconds if seconds&.finite? && seconds > 0
+
+        warn "datadog_heap/auto: ignoring #{ENV_INTERVAL}=#{value.inspect}: expected a number of seconds > 0; " \
+          "writing a profile at exit only"
+        nil
+      end
+
+      def sample_every(env)
+        value = env[ENV_SAMPLE_EVERY]
+        return nil if value.nil? || value.strip.empty?
+
+        n = Integer(value.strip, 10, exception: false)
+        return n if n && n.between?(1, Recorder::U32_MAX)
+
+        warn "datadog_heap/auto: ignoring #{ENV_SAMPLE_EVERY}=#{value.inspect}: expected an Integer between 1 " \
+          "and #{Recorder::U32_MAX}; using the default #{Recorder::DEFAULTS[:sample_every]}"
+        nil
+      end
+
+      # A thread that writes every @interval seconds until #stop_writer. Its own mutex and
+      # condition variable each time, so a child never waits on a lock its parent's thread held.
+      def start_writer
+        return unless @interval
+
+        @lock = Mutex.new
+        @wakeup = ConditionVariable.new
+        @stopping = false
+        @writer = Thread.new { writer_loop }
+        @writer.name = "datadog_heap/auto writer"
+        @writer.report_on_exception = false
+      end
+
+      def writer_loop
+        loop do
+          @lock.synchronize do
+            deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @interval
+            until @stopping
+              left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+              break if left <= 0
+
+              @wakeup.wait(@lock, left)
+            end
+          end
+          break if @stopping
+
+          write
+        end
+      rescue *FAILURES => e
+        warn "datadog_heap/auto: periodic profiles stopped: #{e.class}: #{e.message}"
+      end
+
+      def stop_writer
+        writer = @writer
+        return unless writer&.alive?
+
+        @lock.synchronize do
+          @stopping = true
+          @wakeup.signal
+        end
+        writer.kill unless writer.join(STOP_TIMEOUT)
+      end
+
+      # The exit handler: stop the writer, stop sampling, collect what is dead, write.
+      def finish
+        return unless @output
+
+        stop_writer
+        DatadogHeap.stop
+        GC.start
+        write
+      rescue *FAILURES => e
+        warn "datadog_heap/auto: no final profile: #{e.class}: #{e.message}"
+      end
+    end
+
+    # Restarts the writer in a forked child (after DatadogHeap::ForkHook has reset the recorder).
+    module ForkHook
+      def _fork
+        pid = super
+        DatadogHeap::Auto.after_fork if pid == 0
+        pid
+      end
+    end
+  end
+end
+
+if defined?(DatadogHeap::Recorder)
+  Process.singleton_class.prepend(DatadogHeap::Auto::ForkHook)
+  DatadogHeap::Auto.setup
+end
