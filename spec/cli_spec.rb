@@ -1,0 +1,235 @@
+# frozen_string_literal: true
+
+require "open3"
+require "rbconfig"
+require "stringio"
+require "tmpdir"
+require "datadog_heap/cli"
+require_relative "fixtures/profiles"
+
+RSpec.describe "datadog-heap (exe/datadog-heap)" do
+  exe = File.expand_path("../exe/datadog-heap", __dir__)
+  script = File.expand_path("fixtures/leaky_script.rb", __dir__)
+  leak_line = File.readlines(script).index { |l| l.include?("# the leak") } + 1
+
+  # Runs the executable as a user would; returns [stdout, stderr, exit code].
+  define_method(:cli) do |*args, env: {}|
+    out, err, status = Open3.capture3(env, RbConfig.ruby, exe, *args)
+    [out, err, status.exitstatus]
+  end
+
+  # The same, in this process (faster, for the output checks).
+  def cli_in_process(*args)
+    out = StringIO.new
+    err = StringIO.new
+    code = DatadogHeap::CLI.new(out: out, err: err).run(args)
+    [out.string, err.string, code]
+  end
+
+  # The data rows of a table (the lines after its header).
+  def rows(out, header)
+    lines = out.lines.map(&:chomp)
+    start = lines.index { |l| l.lstrip.start_with?(header) }
+    expect(start).not_to be_nil, "no table headed #{header.inspect} in:\n#{out}"
+    lines.drop(start + 1)
+  end
+
+  # Lines a Ruby backtrace would print.
+  def backtrace_lines(text)
+    text.lines.grep(/\.rb:\d+:in |^\s+from /)
+  end
+
+  let(:dir) { Dir.mktmpdir("datadog-heap-cli") }
+  let(:keep) { [] }
+
+  after { FileUtils.remove_entry(dir) }
+
+  # A profile of `objects` (kept alive for the example) written to dir/name.
+  def profile_file(name, objects, **opts)
+    keep.concat(objects)
+    write_fixture(recorder_with(objects, **opts), dir, name)
+  end
+
+  describe "--help" do
+    it "describes the tool and every command, on stdout, with exit 0" do
+      out, err, code = cli("--help")
+      expect([err, code]).to eq(["", 0])
+      expect(out).to start_with("Usage: datadog-heap COMMAND")
+      expect(out).to include("report", "diff", "run")
+      %w[report diff run].each do |command|
+        out, err, code = cli(command, "--help")
+        expect([err, code]).to eq(["", 0])
+        expect(out).to start_with("Usage: datadog-heap #{command}")
+        expect(out).to include("--top N")
+        expect(cli_in_process("help", command)).to eq([out, "", 0])
+      end
+      expect(cli("report", "--help")[0]).to include("--by KEY")
+      expect(cli("run", "--help")[0]).to include("--out DIR", "--interval S", "--sample-every N", "-- CMD...")
+      expect(cli_in_process("--version")).to eq(["datadog-heap #{DatadogHeap::VERSION}\n", "", 0])
+    end
+  end
+
+  describe "usage errors" do
+    it "exit 2 with a message on stderr and nothing on stdout" do
+      {
+        [] => /Usage: datadog-heap COMMAND/,
+        ["frobnicate"] => /unknown command "frobnicate"/,
+        ["help", "frobnicate"] => /unknown command "frobnicate"/,
+        ["report"] => /report needs one profile FILE, got 0 arguments/,
+        ["report", "a", "b"] => /report needs one profile FILE, got 2 arguments/,
+        ["report", "a", "--top", "0"] => /--top must be at least 1, got 0/,
+        ["report", "a", "--top", "many"] => /invalid argument: --top many/,
+        ["report", "a", "--by", "bytes"] => /invalid argument: --by bytes/,
+        ["report", "a", "--frob"] => /invalid option: --frob/,
+        ["diff", "a"] => /diff needs two profiles, OLD and NEW, got 1 arguments/,
+        ["run"] => /run needs a command to run after --/,
+        ["run", "--interval", "0", "--", "ruby"] => /--interval must be a number of seconds > 0, got 0.0/,
+        ["run", "--sample-every", "0", "--", "ruby"] => /--sample-every must be between 1 and/,
+      }.each do |args, message|
+        out, err, code = cli_in_process(*args)
+        expect([out, code]).to eq(["", 2]), "datadog-heap #{args.join(" ")}: #{out}#{err}"
+        expect(err).to match(message)
+      end
+      out, err, code = cli("report")
+      expect([out, code]).to eq(["", 2])
+      expect(err).to eq("datadog-heap: report needs one profile FILE, got 0 arguments\n" \
+        "Run `datadog-heap report --help` for usage.\n")
+    end
+  end
+
+  describe "report" do
+    it "tables the top sites: live bytes, objects, share, class, median age, innermost app frame" do
+      path = profile_file("heap.pb.gz", mixed_objects)
+      out, err, code = cli("report", path)
+      expect([err, code]).to eq(["", 0])
+      expect(out.lines.first).to match(%r{\A#{Regexp.escape(path)}: [\d.]+ KiB in 87 live objects at 3 sites, sampled 1 in 1024 allocations$})
+      expect(out).to include("Top 3 of 3 sites by live bytes:")
+      table = rows(out, "live bytes")
+      expect(table.size).to eq(3)
+      expect(table[0]).to match(%r{\A\s*39\.\d KiB\s+4\s+\d\d\.\d%\s+String\s+\d+\s+/app/leaky_cache\.rb:17\z})
+      # The json site's innermost frame is in the standard library: the app frame that called it is shown.
+      expect(table[1]).to match(%r{\A\s*[\d.]+ KiB\s+3\s+\d+\.\d%\s+String\s+\d+\s+/app/api\.rb:9\z})
+      expect(table[2]).to match(%r{\A\s*3\.1 KiB\s+80\s+\d+\.\d%\s+Buffer::Chunk\s+\d+\s+/app/buffer\.rb:8\z})
+    end
+
+    it "ranks by live objects with --by count, and shows --top N rows" do
+      path = profile_file("heap.pb.gz", mixed_objects)
+      out, err, code = cli_in_process("report", path, "--by", "count", "--top", "1")
+      expect([err, code]).to eq(["", 0])
+      expect(out).to include("Top 1 of 3 sites by live objects:")
+      table = rows(out, "live bytes")
+      expect(table.size).to eq(1)
+      expect(table[0]).to match(%r{\A\s*3\.1 KiB\s+80\s+92\.0%\s+Buffer::Chunk\s+\d+\s+/app/buffer\.rb:8\z})
+    end
+
+    it "says when a profile has no sizes, and ranks by objects" do
+      path = profile_file("heap.pb.gz", mixed_objects, size_enabled: false)
+      out, err, code = cli_in_process("report", path)
+      expect([err, code]).to eq(["", 0])
+      expect(out).to include("87 live objects at 3 sites", "(this profile has no sizes: sites are ranked by live objects)",
+        "sites by live objects:")
+      expect(rows(out, "live bytes")[0]).to match(%r{\A\s*-\s+80\s+92\.0%\s+Buffer::Chunk\s+\d+\s+/app/buffer\.rb:8\z})
+    end
+
+    it "says when a profile holds nothing" do
+      path = write_fixture(recorder_with([]), dir, "empty.pb.gz")
+      out, err, code = cli_in_process("report", path)
+      expect([err, code]).to eq(["", 0])
+      expect(out).to include("0 B in 0 live objects at 0 sites", "No live objects in this profile.")
+    end
+
+    it "exits 1 with the path and the reason on stderr, without a backtrace, for a file that is not a profile" do
+      garbage = File.join(dir, "garbage.pb.gz")
+      File.write(garbage, "this is not a profile\n")
+      out, err, code = cli("report", garbage)
+      expect([out, code]).to eq(["", 1])
+      expect(err).to start_with("datadog-heap: #{garbage} is not a readable pprof profile (22 bytes): ")
+      expect(err.lines.size).to eq(1)
+      expect(backtrace_lines(err)).to be_empty
+
+      missing = File.join(dir, "missing.pb.gz")
+      out, err, code = cli("report", missing)
+      expect([out, err, code]).to eq(["", "datadog-heap: cannot read profile #{missing}: No such file or directory\n", 1])
+    end
+  end
+
+  describe "diff" do
+    let(:old_path) { profile_file("old.pb.gz", mixed_objects) }
+
+    it "ranks the growing sites by live size growth, with absolute and relative change" do
+      grown = mixed_objects.reject { |_, site, _, _| site == ProfileFixtures::BUFFER_SITE } +
+        strings_at(ProfileFixtures::CACHE_SITE, 12, bytes: 10_000) +
+        strings_at([["Fresh#site", "/app/fresh.rb", 1]], 2, bytes: 1_000)
+      new_path = profile_file("new.pb.gz", grown)
+      out, err, code = cli("diff", old_path, new_path)
+      expect([err, code]).to eq(["", 0])
+      expect(out.lines.first).to match(/\A#{Regexp.escape(old_path)} -> #{Regexp.escape(new_path)}: live bytes [\d.]+ KiB -> [\d.]+ KiB \(\+[\d.]+ KiB\)$/)
+      expect(out).to include("2 of 4 sites grew:")
+      table = rows(out, "growth")
+      expect(table.size).to eq(2) # the json site did not change, the buffer site vanished
+      expect(table[0]).to match(%r{\A\+117\.\d KiB\s+\+300\.0%\s+39\.\d KiB\s+156\.\d KiB\s+\+12\s+String\s+/app/leaky_cache\.rb:17\z})
+      expect(table[1]).to match(%r{\A\s*\+2\.\d KiB\s+new\s+0 B\s+2\.\d KiB\s+\+2\s+String\s+/app/fresh\.rb:1\z})
+
+      out, err, code = cli_in_process("diff", old_path, new_path, "--top", "1")
+      expect([err, code]).to eq(["", 0])
+      expect(out).to include("2 of 4 sites grew; the 1 largest growth:")
+      expect(rows(out, "growth").size).to eq(1)
+    end
+
+    it "says so when no site grew" do
+      out, err, code = cli_in_process("diff", old_path, old_path)
+      expect([err, code]).to eq(["", 0])
+      expect(out).to include("No site grew: live size did not increase at any of the 3 sites.")
+    end
+
+    it "compares live objects when a profile has no sizes" do
+      new_path = profile_file("new.pb.gz", mixed_objects + objects_at(ProfileFixtures::BUFFER_SITE, 5, class_name: "Buffer::Chunk"),
+        size_enabled: false)
+      out, err, code = cli_in_process("diff", old_path, new_path)
+      expect([err, code]).to eq(["", 0])
+      expect(out).to include("live objects 87 -> 92 (+5)", "(a profile has no sizes: sites are compared by live objects)",
+        "1 of 3 sites grew:")
+      expect(rows(out, "growth")[0]).to match(%r{\A\s*\+5\s+\+6\.[23]%\s+80\s+85\s+Buffer::Chunk\s+/app/buffer\.rb:8\z})
+    end
+
+    it "exits 1 on an unreadable profile" do
+      out, err, code = cli("diff", old_path, File.join(dir, "nope.pb.gz"))
+      expect([out, code]).to eq(["", 1])
+      expect(err).to match(/cannot read profile .*nope\.pb\.gz: No such file or directory/)
+    end
+  end
+
+  describe "run" do
+    it "profiles a Ruby program through datadog_heap/auto and reports its last profile, leak on top" do
+      out, err, code = cli("run", "--out", dir, "--sample-every", "64", "--interval", "0.2", "--top", "3", "--",
+        RbConfig.ruby, script, env: {"LEAK_SECONDS" => "0.5"})
+      expect(code).to eq(0), "exit #{code}\n#{out}\n#{err}"
+      expect(backtrace_lines(err)).to be_empty
+      pid = out[/^pid (\d+) kept/, 1]
+      profiles = Dir.children(dir).sort_by { |f| f[/-(\d+)\.pb\.gz/, 1].to_i }
+      expect(profiles).to all(match(/\Aheap-#{pid}-\d+\.pb\.gz\z/))
+      expect(profiles.size).to be >= 2 # periodic ones and the final one
+      expect(out).to include("exited with status 0; #{profiles.size} profiles in #{dir}",
+        "#{File.join(dir, profiles.last)}: ", "sampled 1 in 64 allocations")
+      table = rows(out, "live bytes")
+      expect(table.size).to be_between(1, 3)
+      expect(table[0]).to match(/\A\s*[\d.]+ [KM]iB\s+\d+\s+\d+\.\d%\s+String\s+\d+\s+#{Regexp.escape(script)}:#{leak_line}\z/)
+    end
+
+    it "exits with the program's status, and 1 when it cannot start the command" do
+      out, err, code = cli("run", "--out", dir, "--", RbConfig.ruby, "-e", "exit 3")
+      expect(code).to eq(3), err
+      expect(out).to include("exited with status 3; 1 profile in #{dir}", "No live objects in this profile.")
+
+      out, err, code = cli("run", "--", File.join(dir, "no-such-command"))
+      expect([out, code]).to eq(["", 1])
+      expect(err).to match(/\Adatadog-heap: No such file or directory - cannot run `.*no-such-command`\n\z/)
+    end
+
+    it "says so when the command wrote no profile (not a Ruby program)" do
+      out, err, code = cli("run", "--out", dir, "--", "true")
+      expect([out, code]).to eq(["", 1])
+      expect(err).to include("no profile was written to #{dir}: is `true` a Ruby program")
+    end
+  end
+end
