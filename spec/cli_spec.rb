@@ -221,9 +221,13 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       expect(code).to eq(3), err
       expect(out).to include("exited with status 3; 1 profile in #{dir}", "No live objects in this profile.")
 
-      out, err, code = cli("run", "--", File.join(dir, "no-such-command"))
+      tmp = Dir.mktmpdir("cli-tmp")
+      out, err, code = cli("run", "--", File.join(dir, "no-such-command"), env: {"TMPDIR" => tmp})
       expect([out, code]).to eq(["", 1])
       expect(err).to match(/\Adatadog-heap: No such file or directory - cannot run `.*no-such-command`\n\z/)
+      expect(Dir.children(tmp)).to be_empty # the temporary directory it made for profiles is gone
+    ensure
+      FileUtils.remove_entry(tmp) if tmp
     end
 
     it "says so when the command wrote no profile (not a Ruby program)" do

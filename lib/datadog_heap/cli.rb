@@ -295,13 +295,15 @@ module DatadogHeap
       unless last
         @err.puts("datadog-heap: no profile was written to #{out}: is `#{argv.first}` a Ruby program " \
           "(datadog_heap/auto is loaded through RUBYOPT)?")
-        Dir.rmdir(out) if temporary && Dir.empty?(out)
         return code.zero? ? EXIT_ERROR : code
       end
       @out.puts
       @out.puts("datadog-heap: `#{argv.join(" ")}` exited with status #{code}; #{plural(written.size, "profile")} in #{out}")
       report(Profile.load(last), options[:top], :size)
       code
+    ensure
+      # A temporary directory nothing was written to (CMD did not start, or is not Ruby) goes.
+      Dir.rmdir(out) if temporary && out && Dir.exist?(out) && Dir.empty?(out)
     end
 
     def child_env(out, options)
