@@ -119,8 +119,9 @@ impl Vm for FakeVm {
         }
     }
 
-    fn yield_thread(&mut self) {
+    fn yield_thread(&mut self) -> Result<()> {
         self.yields += 1;
+        Ok(())
     }
 
     fn gc_count(&self) -> u64 {

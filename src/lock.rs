@@ -41,14 +41,21 @@ impl SoftLock {
     }
 
     /// Takes the lock, calling `yield_thread` (which lets the holder run) until it is free.
-    /// Must not be called by the holder itself: it would wait forever.
-    pub fn lock(&self, mut yield_thread: impl FnMut()) {
+    /// Must not be called by the holder itself: it would wait forever. When `yield_thread` fails
+    /// (an exception was delivered to the waiting thread), the wait is abandoned: our WANTED bit
+    /// is withdrawn, so optional work is not locked out forever, and the error is returned.
+    pub fn lock<E>(&self, mut yield_thread: impl FnMut() -> Result<(), E>) -> Result<(), E> {
         while self.is_held() {
             self.bits.set(self.bits.get() | WANTED);
-            yield_thread();
+            if let Err(e) = yield_thread() {
+                // Another waiter, if any, sets the bit again on its next turn.
+                self.bits.set(self.bits.get() & !WANTED);
+                return Err(e);
+            }
         }
         // Free: take it, and clear WANTED since the waiter it stood for is us.
         self.bits.set(HELD);
+        Ok(())
     }
 
     /// Releases the lock. A `WANTED` bit set by a waiter stays, so `try_lock` keeps failing until
@@ -92,7 +99,7 @@ mod tests {
         let lock = SoftLock::new();
         assert!(lock.try_lock());
         let mut yields = 0;
-        lock.lock(|| {
+        lock.lock(|| -> Result<(), ()> {
             yields += 1;
             assert!(lock.is_wanted());
             // Another thread trying its luck while we wait: refused.
@@ -101,7 +108,9 @@ mod tests {
             lock.unlock();
             assert!(lock.is_wanted());
             assert!(!lock.try_lock());
-        });
+            Ok(())
+        })
+        .unwrap();
         assert_eq!(yields, 1);
         assert!(lock.is_held());
         assert!(!lock.is_wanted());
@@ -114,12 +123,14 @@ mod tests {
         let lock = SoftLock::new();
         assert!(lock.try_lock());
         let mut yields = 0;
-        lock.lock(|| {
+        lock.lock(|| -> Result<(), ()> {
             yields += 1;
             if yields == 5 {
                 lock.unlock();
             }
-        });
+            Ok(())
+        })
+        .unwrap();
         assert_eq!(yields, 5);
         assert!(lock.is_held());
     }
@@ -127,7 +138,8 @@ mod tests {
     #[test]
     fn lock_on_a_free_lock_never_yields() {
         let lock = SoftLock::new();
-        lock.lock(|| panic!("must not yield"));
+        lock.lock(|| -> Result<(), ()> { panic!("must not yield") })
+            .unwrap();
         assert!(lock.is_held());
     }
 
@@ -135,10 +147,24 @@ mod tests {
     fn reset_clears_both_bits() {
         let lock = SoftLock::new();
         assert!(lock.try_lock());
-        lock.lock(|| lock.reset());
+        lock.lock(|| -> Result<(), ()> {
+            lock.reset();
+            Ok(())
+        })
+        .unwrap();
         lock.reset();
         assert!(!lock.is_held() && !lock.is_wanted());
         assert!(lock.try_lock());
+    }
+
+    #[test]
+    fn an_abandoned_wait_withdraws_wanted() {
+        let lock = SoftLock::new();
+        assert!(lock.try_lock());
+        assert_eq!(lock.lock(|| Err("interrupted")), Err("interrupted"));
+        assert!(lock.is_held() && !lock.is_wanted());
+        lock.unlock();
+        assert!(lock.try_lock(), "optional work can take the lock again");
     }
 
     #[test]

@@ -25,8 +25,9 @@ pub trait Vm {
     /// the object's size when `measure_size`. May fail, and may let other threads run.
     fn lookup(&mut self, record_id: i64, measure_size: bool) -> Result<Option<LiveInfo>>;
 
-    /// Lets other threads run (the lock waits with this).
-    fn yield_thread(&mut self);
+    /// Lets other threads run (the lock waits with this). Fails when an exception was delivered
+    /// to this thread meanwhile (Thread#raise, Thread#kill, Timeout): the wait is abandoned.
+    fn yield_thread(&mut self) -> Result<()>;
 
     /// Number of GCs so far: the generation objects are aged by.
     fn gc_count(&self) -> u64;

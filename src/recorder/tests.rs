@@ -69,7 +69,9 @@ fn commit_drains_newest_first() {
         fn lookup(&mut self, id: i64, m: bool) -> Result<Option<crate::vm::LiveInfo>> {
             self.0.lookup(id, m)
         }
-        fn yield_thread(&mut self) {}
+        fn yield_thread(&mut self) -> Result<()> {
+            Ok(())
+        }
         fn gc_count(&self) -> u64 {
             self.0.gc_count()
         }
@@ -419,11 +421,12 @@ fn young_update_skips_when_locked_but_full_waits() {
         fn lookup(&mut self, id: i64, m: bool) -> Result<Option<crate::vm::LiveInfo>> {
             self.1.lookup(id, m)
         }
-        fn yield_thread(&mut self) {
+        fn yield_thread(&mut self) -> Result<()> {
             self.2 += 1;
             if self.2 == 3 {
                 self.0.lock().unlock();
             }
+            Ok(())
         }
         fn gc_count(&self) -> u64 {
             self.1.gc
@@ -614,7 +617,13 @@ fn after_fork_with_dangling_snapshot_and_held_lock() {
     vm.gc();
     let _snap = rec.prepare_iteration(&mut vm).unwrap();
     assert!(rec.lock().try_lock());
-    rec.lock().lock(|| rec.lock().reset()); // leave WANTED | HELD set
+    // Leave WANTED | HELD set, as a fork in the middle of a wait would.
+    rec.lock()
+        .lock(|| -> Result<()> {
+            rec.lock().reset();
+            Ok(())
+        })
+        .unwrap();
     assert!(!rec.lock().try_lock());
     assert!(rec.stats().unwrap().lifetime.updates_successful > 0);
 
@@ -701,4 +710,36 @@ fn max_tracked_objects_bounds_pending_plus_committed() {
         .record_allocation(extra, 1, None, &frames("a", 1), 0)
         .unwrap();
     assert_eq!(r.outcome, RecordOutcome::Pending);
+}
+
+#[test]
+fn full_update_abandoned_by_an_interrupt_leaves_the_lock_usable() {
+    struct Interrupted(FakeVm);
+    impl Vm for Interrupted {
+        fn remember(&mut self, id: i64, o: ObjectRef) -> Result<()> {
+            self.0.remember(id, o)
+        }
+        fn lookup(&mut self, id: i64, m: bool) -> Result<Option<crate::vm::LiveInfo>> {
+            self.0.lookup(id, m)
+        }
+        fn yield_thread(&mut self) -> Result<()> {
+            Err(HeapError::Host("Interrupt".into()))
+        }
+        fn gc_count(&self) -> u64 {
+            self.0.gc
+        }
+        fn now_ns(&self) -> i64 {
+            self.0.now
+        }
+    }
+    let rec = HeapRecorder::default();
+    let mut vm = Interrupted(FakeVm::new());
+    assert!(rec.lock().try_lock()); // a commit in another thread holds it
+    assert_eq!(
+        rec.update(&mut vm, UpdateKind::Full).unwrap_err(),
+        HeapError::Host("Interrupt".into())
+    );
+    assert!(rec.lock().is_held() && !rec.lock().is_wanted());
+    rec.lock().unlock();
+    assert_eq!(rec.commit(&mut vm.0).unwrap(), CommitOutcome::Committed(0));
 }

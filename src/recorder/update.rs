@@ -37,7 +37,7 @@ impl HeapRecorder {
     pub fn update(&self, vm: &mut dyn Vm, kind: UpdateKind) -> Result<UpdateOutcome> {
         let full = kind == UpdateKind::Full;
         if full {
-            self.lock.lock(|| vm.yield_thread());
+            self.lock.lock(|| vm.yield_thread())?;
         } else if !self.lock.try_lock() {
             self.state()?.lifetime.updates_skipped_concurrent += 1;
             return Ok(UpdateOutcome::SkippedConcurrent);

@@ -598,7 +598,8 @@ impl Recorder {
     }
 }
 
-/// Runs `f` with the GVL released; `None` if it panicked. `f` must not touch the VM.
+/// Runs `f` with the GVL released (or with it held when an interrupt is already pending); `None`
+/// if it panicked. `f` must not touch the VM.
 fn without_gvl<F: FnOnce() -> T, T>(f: F) -> Option<T> {
     struct Call<F, T> {
         f: Option<F>,
@@ -620,16 +621,23 @@ fn without_gvl<F: FnOnce() -> T, T>(f: F) -> Option<T> {
         out: None,
     };
     // SAFETY: called from a Ruby thread holding the GVL; the trampoline makes no VM call, and no
-    // unblocking function is given, so the call always runs to completion.
+    // unblocking function is given. The "2" variant never checks interrupts after the call (the
+    // plain one does, and an exception raised there would jump over our frames); with an
+    // interrupt already pending it returns without calling the trampoline at all.
     unsafe {
-        rb_sys::rb_thread_call_without_gvl(
+        rb_sys::rb_thread_call_without_gvl2(
             Some(trampoline::<F, T>),
             &mut call as *mut Call<F, T> as *mut std::ffi::c_void,
             None,
             std::ptr::null_mut(),
         );
     }
-    call.out
+    match call.f.take() {
+        // Not run (an interrupt was pending): run it here, with the GVL; the interrupt is
+        // delivered at the VM's next check, once we are back in Ruby.
+        Some(f) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok(),
+        None => call.out,
+    }
 }
 
 /// An Integer argument as i64; TypeError for non-Integers, ArgumentError past 64 bits.

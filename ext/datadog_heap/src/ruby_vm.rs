@@ -62,8 +62,8 @@ impl Vm for RubyVm<'_> {
         }))
     }
 
-    fn yield_thread(&mut self) {
-        shims::thread_schedule();
+    fn yield_thread(&mut self) -> datadog_heap_core::Result<()> {
+        shims::thread_schedule().map_err(|e| self.keep(e))
     }
 
     fn gc_count(&self) -> u64 {

@@ -38,9 +38,10 @@ struct Hooks {
     /// Test switch: a NEWOBJ hook that does nothing, to measure what any hook costs.
     empty_hook: bool,
     running: Vec<*const Recorder>,
-    /// Nesting depth of our own native work (commit, update, stats...): allocations made then
-    /// are ours, not the program's, and are skipped.
-    busy: u32,
+    /// Threads inside our own native work (commit, update, stats...), with their nesting depth:
+    /// allocations they make then are ours, not the program's, and are skipped. Per thread, so
+    /// other threads' allocations are still sampled while one thread encodes without the GVL.
+    busy: Vec<(VALUE, u32)>,
 }
 
 static HOOKS: GvlCell<Hooks> = GvlCell::new(Hooks {
@@ -48,7 +49,7 @@ static HOOKS: GvlCell<Hooks> = GvlCell::new(Hooks {
     ractors_started: false,
     empty_hook: false,
     running: Vec::new(),
-    busy: 0,
+    busy: Vec::new(),
 });
 
 /// Per-recorder sampler state, inside `Recorder`.
@@ -145,39 +146,82 @@ fn seed() -> u64 {
     (now ^ t ^ (u64::from(std::process::id()) << 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
 }
 
-/// Marks our own native work, so allocations it makes are not sampled. Needs the GVL.
-pub struct BusyGuard;
+fn current_thread() -> VALUE {
+    // SAFETY: called with the GVL from a Ruby thread; returns the thread's existing object
+    // without allocating (usable inside the allocation hook).
+    unsafe { rb_sys::rb_thread_current() }
+}
+
+/// Marks our own native work on this thread, so allocations it makes are not sampled.
+/// Needs the GVL.
+pub struct BusyGuard(VALUE);
 
 impl BusyGuard {
     pub fn enter() -> BusyGuard {
+        let thread = current_thread();
         // SAFETY: GVL held by every caller (native methods, postponed jobs); no VM call inside.
-        unsafe { HOOKS.with(|h| h.busy += 1) };
-        BusyGuard
+        unsafe {
+            HOOKS.with(|h| match h.busy.iter_mut().find(|(t, _)| *t == thread) {
+                Some((_, depth)) => *depth += 1,
+                None => h.busy.push((thread, 1)),
+            })
+        };
+        BusyGuard(thread)
     }
 }
 
-/// Runs `f` (which calls back into user Ruby code) with our busy mark lifted, so its allocations
-/// are sampled like any other. Needs the GVL.
-pub fn not_busy<T>(f: impl FnOnce() -> T) -> T {
-    // SAFETY: GVL held; no VM call inside the closures.
-    let depth = unsafe { HOOKS.with(|h| std::mem::replace(&mut h.busy, 0)) };
-    let out = f();
+impl Drop for BusyGuard {
+    fn drop(&mut self) {
+        let thread = self.0;
+        // SAFETY: as in `enter`.
+        unsafe {
+            HOOKS.with(|h| {
+                if let Some(i) = h.busy.iter().position(|(t, _)| *t == thread) {
+                    h.busy[i].1 -= 1;
+                    if h.busy[i].1 == 0 {
+                        h.busy.swap_remove(i);
+                    }
+                }
+            })
+        };
+    }
+}
+
+/// Is the current thread inside our own native work? Allocation-free.
+fn current_thread_busy() -> bool {
+    // SAFETY: GVL held (called from the hook); no VM call inside the closure.
+    let any = unsafe { HOOKS.with(|h| !h.busy.is_empty()) };
+    if !any {
+        return false;
+    }
+    let thread = current_thread();
     // SAFETY: as above.
-    unsafe { HOOKS.with(|h| h.busy = depth) };
+    unsafe { HOOKS.with(|h| h.busy.iter().any(|(t, _)| *t == thread)) }
+}
+
+/// Runs `f` (which calls back into user Ruby code) with this thread's busy mark lifted, so its
+/// allocations are sampled like any other. Needs the GVL.
+pub fn not_busy<T>(f: impl FnOnce() -> T) -> T {
+    let thread = current_thread();
+    // SAFETY: GVL held; no VM call inside the closures.
+    let depth = unsafe {
+        HOOKS.with(|h| {
+            let i = h.busy.iter().position(|(t, _)| *t == thread)?;
+            Some(h.busy.swap_remove(i).1)
+        })
+    };
+    let out = f();
+    if let Some(depth) = depth {
+        // SAFETY: as above.
+        unsafe { HOOKS.with(|h| h.busy.push((thread, depth))) };
+    }
     out
 }
 
 /// For a forked child: only the forking thread survives, and it is not inside our native work.
 pub fn reset_busy_after_fork() {
     // SAFETY: GVL held (called from a Ruby method); no VM call inside.
-    unsafe { HOOKS.with(|h| h.busy = 0) };
-}
-
-impl Drop for BusyGuard {
-    fn drop(&mut self) {
-        // SAFETY: as in `enter`.
-        unsafe { HOOKS.with(|h| h.busy = h.busy.saturating_sub(1)) };
-    }
+    unsafe { HOOKS.with(|h| h.busy.clear()) };
 }
 
 /// Starts sampling for `recorder`, installing the hooks on first use. Needs the GVL. Refuses
@@ -343,10 +387,10 @@ unsafe extern "C" fn on_newobj(_data: VALUE, arg: *mut rb_trace_arg_t) {
                     }
                 }
             }
-            (due, n, h.busy > 0)
+            (due, n)
         })
     };
-    let (due, n, busy) = running;
+    let (due, n) = running;
     if n == 0 {
         return;
     }
@@ -354,7 +398,7 @@ unsafe extern "C" fn on_newobj(_data: VALUE, arg: *mut rb_trace_arg_t) {
         // SAFETY: as above; `sample` makes no call that could free the recorder.
         let recorder = unsafe { &*p };
         // A panic must not unwind into the VM: it disables this recorder instead.
-        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| sample(recorder, arg, busy))) {
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| sample(recorder, arg))) {
             recorder.disable(format!(
                 "panic in the allocation hook: {}",
                 crate::errors::panic_message(&*panic)
@@ -363,7 +407,7 @@ unsafe extern "C" fn on_newobj(_data: VALUE, arg: *mut rb_trace_arg_t) {
     }
 }
 
-fn sample(recorder: &Recorder, arg: *mut rb_trace_arg_t, busy: bool) {
+fn sample(recorder: &Recorder, arg: *mut rb_trace_arg_t) {
     let state = recorder.sampler();
     let mut stats = state.stats.borrow_mut();
     stats.allocations_seen += state.interval.get();
@@ -372,7 +416,7 @@ fn sample(recorder: &Recorder, arg: *mut rb_trace_arg_t, busy: bool) {
         return;
     }
     stats.samples_taken += 1;
-    if busy {
+    if current_thread_busy() {
         stats.skipped_reentrant += 1;
         return;
     }

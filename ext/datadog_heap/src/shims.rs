@@ -17,10 +17,17 @@ pub fn gc_count() -> u64 {
 }
 
 /// Lets other Ruby threads run. Needs the GVL and releases it for a moment: callers must hold
-/// no borrow of shared state across it.
-pub fn thread_schedule() {
-    // SAFETY: called from a Ruby thread that holds the GVL (all callers are Ruby methods).
-    unsafe { rb_sys::rb_thread_schedule() }
+/// no borrow of shared state across it. `rb_thread_schedule` also delivers pending interrupts
+/// (Thread#raise, Thread#kill, Timeout), so it runs under rb_protect and such an exception
+/// comes back as an error instead of unwinding through our frames.
+pub fn thread_schedule() -> Result<(), magnus::Error> {
+    magnus::rb_sys::protect(|| {
+        // SAFETY: called from a Ruby thread that holds the GVL (all callers are Ruby methods),
+        // inside rb_protect, which catches the jump an interrupt would make.
+        unsafe { rb_sys::rb_thread_schedule() };
+        rb_sys::Qnil as VALUE
+    })
+    .map(|_| ())
 }
 
 /// The builtin type of a heap object, `None` for immediates (Integer, Symbol, nil, ...).
