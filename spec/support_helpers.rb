@@ -44,6 +44,9 @@ RSpec.configure do |config|
   # too slow under GC_STRESS=1 and add nothing there; the normal run covers them.
   if RecorderHelpers::GC_STRESSED
     config.before(:each, :heavy) { skip "needs large counts; too slow under GC_STRESS=1 (covered by the normal run)" }
+    config.before(:each, :exact_gc_counts) do
+      skip "asserts exact GC counts (ages, GC-generation gating); GC.stress runs a GC per allocation"
+    end
   end
   # On failure, show the recorder's state (when the example kept it in @rec).
   config.after do |example|
