@@ -10,6 +10,8 @@ RSpec.configure do |config|
   config.expect_with(:rspec) { |c| c.syntax = :expect }
   config.order = :random
   Kernel.srand(config.seed)
+  # spec/stress/ (tagged :stress) runs with `rspec --tag stress` / `rake spec:stress` only.
+  config.filter_run_excluding stress: true
 
   # GC_STRESS=1 runs every example under GC.stress, to shake out objects the extension fails to
   # mark or keeps across a GC by mistake. Slow: meant for CI and for chasing a crash.

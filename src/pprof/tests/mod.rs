@@ -1,5 +1,6 @@
 //! Encoder and reader tests: a recorder fed through the fake VM, encoded, read back.
 
+mod fuzz;
 mod libdd;
 mod malformed;
 mod summary;

@@ -1,0 +1,205 @@
+# frozen_string_literal: true
+
+require "tmpdir"
+require_relative "stress_helper"
+
+# Exceptions thrown into our threads by user code (Thread#raise, Thread#kill, Timeout) at awkward
+# moments: whatever was interrupted, the recorder stays consistent and usable, its lock is
+# released, and the exception reaches the thread it was meant for.
+RSpec.describe "asynchronous exceptions", :stress do
+  interrupted = Class.new(StandardError)
+  let(:interrupted) { interrupted }
+
+  # The recorder works end to end: record, commit, iterate, profile, and the built-in sampler
+  # still samples this thread (nothing left it marked busy).
+  def usable?(rec)
+    keep = Object.new
+    recorded = rec.record_allocation(keep, locations: [["after", "/after.rb", 1]])
+    committed = rec.commit
+    GC.start
+    live = rec.each_live_object.count
+    gz = rec.profile
+    sampler = DatadogHeap::Recorder.new(sample_every: 1)
+    sampler.start
+    fresh = Array.new(100) { Object.new }
+    sampler.stop
+    sampled = sampler.stats[:sampler_samples_recorded] + sampler.stats[:sampler_skipped_by_recorder]
+    {recorded: recorded, committed: committed >= 1, live: live >= 1, decodes: decodes?(gz),
+     sampled: sampled >= fresh.size}
+  end
+
+  def all_usable
+    {recorded: true, committed: true, live: true, decodes: true, sampled: true}
+  end
+
+  it "Timeout.timeout around profile and write_profile leaves the recorder usable" do
+    result = in_child(120) do |progress|
+      @rec = manual_recorder
+      keep = track_many(@rec, 100_000, sites: 2_000)
+      GC.start
+      t0 = monotonic
+      @rec.profile
+      took = monotonic - t0
+      outcomes = Hash.new(0)
+      leftovers = Dir.mktmpdir do |dir|
+        30.times do |i|
+          limit = took * (i + 1) / 30.0
+          begin
+            Timeout.timeout(limit) { i.even? ? @rec.profile : @rec.write_profile(File.join(dir, "p.pb.gz")) }
+            outcomes[:finished] += 1
+          rescue Timeout::Error
+            outcomes[:timed_out] += 1
+          rescue DatadogHeap::Error => e
+            outcomes["#{e.class}: #{e.message}"] += 1
+          end
+        end
+        Dir.children(dir) - ["p.pb.gz"]
+      end
+      progress.call(outcomes.inspect)
+      [outcomes, usable?(@rec), keep.size, leftovers]
+    end
+    outcomes, usable, _, leftovers = result
+    report("timeout around profile", outcomes)
+    expect(outcomes.keys - %i[finished timed_out]).to eq([])
+    expect(outcomes[:timed_out]).to be >= 1
+    expect(usable).to eq(all_usable)
+    expect(leftovers).to eq([]) # write_profile's temporary file is gone even when interrupted
+  end
+
+  it "Thread#kill of a thread inside profile leaves the recorder usable" do
+    result = in_child(120) do
+      @rec = manual_recorder
+      keep = track_many(@rec, 50_000, sites: 1_000)
+      GC.start
+      t0 = monotonic
+      @rec.profile
+      took = monotonic - t0
+      errors = []
+      20.times do |i|
+        t = Thread.new do
+          @rec.profile
+        rescue DatadogHeap::Error => e
+          errors << e.message
+        end
+        sleep took * i / 20.0
+        t.kill
+        t.join
+      end
+      [errors, usable?(@rec), keep.size]
+    end
+    errors, usable, = result
+    expect(errors).to eq([])
+    expect(usable).to eq(all_usable)
+  end
+
+  it "Thread#raise into a thread committing many pending recordings loses nothing" do
+    result = in_child(120) do |progress|
+      @rec = manual_recorder
+      kept = []
+      outcomes = Hash.new(0)
+      rounds = for_seconds(4) do |round|
+        ready = Queue.new
+        worker = Thread.new do
+          ready << true
+          100.times do
+            batch = Array.new(256) { Object.new }
+            kept.concat(batch)
+            batch.each { |o| @rec.record_allocation(o, locations: [["w", "/w.rb", round % 10]]) }
+            @rec.commit
+          end
+          sleep # until the raise: it was late this round
+        rescue interrupted
+          :interrupted
+        end
+        ready.pop
+        sleep(rand * 0.08)
+        worker.raise(interrupted)
+        outcomes[worker.join(10) ? worker.value : :hung] += 1
+        # Drop this round's objects so the records stay well below max_tracked_objects.
+        kept.clear
+        GC.start
+        @rec.each_live_object { nil }
+      end
+      progress.call("#{rounds} rounds")
+      stats = @rec.stats
+      [outcomes, rounds, stats, usable?(@rec), @rec.stats]
+    end
+    outcomes, rounds, stats, usable, after = result
+    report("Thread#raise into commit", outcomes.merge(rounds: rounds, committed: stats[:lifetime_deferred_recordings_committed],
+      pending_left: stats[:pending_recordings_count], records: stats[:num_object_records]))
+    expect(outcomes).to eq(interrupted: rounds)
+    skipped = %i[lifetime_recordings_skipped_sample_rate lifetime_recordings_skipped_locked
+      lifetime_deferred_recordings_skipped_buffer_full lifetime_recordings_skipped_max_tracked
+      lifetime_recordings_skipped_storage_busy lifetime_recordings_failed].sum { |k| stats[k] }
+    expect(stats[:lifetime_recordings_attempted])
+      .to eq(skipped + stats[:lifetime_deferred_recordings_committed] + stats[:pending_recordings_count])
+    expect(stats[:last_commit_error]).to be_nil
+    expect(usable).to eq(all_usable)
+    expect(after[:pending_recordings_count]).to eq(0) # the usable? commit took what was left
+  end
+
+  it "each_live_object left mid-way (throw, break, raise, abandoned Enumerator#next, suspended Fiber) leaves it usable" do
+    result = in_child(60) do
+      # Each way out gets its own recorder, so one stuck recorder does not hide the next case.
+      exits = {
+        throw: ->(rec) { catch(:out) { rec.each_live_object { throw :out } } },
+        break: ->(rec) { rec.each_live_object { break } },
+        raise: ->(rec) { rec.each_live_object { raise interrupted } rescue interrupted }, # rubocop:disable Style/RescueModifier
+        # External enumeration runs the iteration in a Fiber; dropping the Enumerator never
+        # resumes it (its ensure blocks never run, even when the Fiber is collected).
+        enumerator_next: ->(rec) { rec.each_live_object.next },
+        suspended_fiber: ->(rec) { Fiber.new { rec.each_live_object { Fiber.yield } }.resume },
+      }
+      exits.to_h do |how, leave|
+        @rec = manual_recorder
+        keep = track_many(@rec, 50, sites: 2)
+        GC.start
+        leave.call(@rec)
+        5.times { GC.start }
+        outcome = begin
+          @rec.each_live_object.count == keep.size && decodes?(@rec.profile) ? :usable : :wrong
+        rescue DatadogHeap::Error => e
+          "#{e.class}: #{e.message}"
+        end
+        [how, outcome]
+      end
+    end
+    expect(result).to eq(throw: :usable, break: :usable, raise: :usable, enumerator_next: :usable, suspended_fiber: :usable)
+  end
+
+  # The commit job runs inside whatever Ruby code allocated. An exception thrown at that thread
+  # while the job works must still reach the thread, not end up inside the recorder.
+  it "Thread#raise and Thread#kill reach a thread whose allocations run the commit job" do
+    result = in_child(120) do
+      @rec = DatadogHeap::Recorder.new(sample_every: 1)
+      @rec.start
+      outcomes = Hash.new(0)
+      rounds = for_seconds(6) do |round|
+        worker = Thread.new do
+          deadline = monotonic + 1
+          keep = []
+          begin
+            while monotonic < deadline
+              keep << Object.new
+              keep.shift(100) if keep.size > 1_000
+            end
+            :not_interrupted
+          rescue interrupted
+            :raised
+          end
+        end
+        sleep 0.001 + rand * 0.01
+        round.even? ? worker.raise(interrupted) : worker.kill
+        value = worker.value
+        outcomes[value.nil? ? :killed : value] += 1
+      end
+      @rec.stop
+      [outcomes, rounds, @rec.stats[:last_commit_error]]
+    end
+    outcomes, rounds, last_commit_error = result
+    report("async exceptions vs commit job", outcomes.merge(rounds: rounds))
+    expect(outcomes[:not_interrupted]).to eq(0), "#{outcomes[:not_interrupted]} of #{rounds} Thread#raise/kill were swallowed " \
+      "(the recorder kept #{last_commit_error.inspect} as a commit error instead)"
+    expect(last_commit_error).to be_nil
+  end
+end
