@@ -23,13 +23,20 @@ module DatadogHeap
       "which tracks live objects); avoid GC.compact or use Ruby >= 3.1.4 / >= 3.2.3"
   end
 
-  # Runs after_fork on every recorder in a forked child (Process.fork, Kernel#fork, IO.popen
-  # with "-", Process.daemon all go through Process._fork on Ruby >= 3.1).
+  # Runs after_fork on every recorder in a forked child (Process.fork, Kernel#fork and IO.popen
+  # with "-" go through Process._fork on Ruby >= 3.1; Process.daemon is hooked on its own).
   module ForkHook
     def _fork
       pid = super
       DatadogHeap._native_after_fork_all if pid == 0
       pid
+    end
+
+    # On Linux Process.daemon calls libc daemon(3), not _fork: reset here too.
+    def daemon(*args)
+      result = super
+      DatadogHeap._native_after_fork_all
+      result
     end
   end
 

@@ -93,6 +93,32 @@ impl Recorder {
         max_tracked_objects: usize,
     ) -> Result<Obj<Recorder>, Error> {
         guarded(ruby, || {
+            let recorder_class: RClass =
+                ruby.define_module("DatadogHeap")?.const_get("Recorder")?;
+            if !class.is_inherited(recorder_class) {
+                return Err(type_error(
+                    ruby,
+                    format!(
+                        "_native_new needs DatadogHeap::Recorder or a subclass, got {}",
+                        class.inspect()
+                    ),
+                ));
+            }
+            if sample_every == 0 || sample_every > u64::from(u32::MAX) {
+                return Err(arg_error(
+                    ruby,
+                    format!(
+                        "sample_every must be between 1 and {}, got {sample_every}",
+                        u32::MAX
+                    ),
+                ));
+            }
+            if sample_rate == 0 {
+                return Err(arg_error(
+                    ruby,
+                    "sample_rate must be a positive Integer, got 0",
+                ));
+            }
             let sample_rate = u32_arg(ruby, "sample_rate", sample_rate)?;
             if !(1..=MAX_FRAMES_LIMIT).contains(&max_frames) {
                 return Err(arg_error(
@@ -344,55 +370,31 @@ impl Recorder {
                 return Err(arg_error(ruby, "each_live_object needs a block"));
             }
             let snapshot = rb_self.with_vm(ruby, |vm| rb_self.core.prepare_iteration(vm))?;
-            let mut objects = Vec::new();
-            snapshot.for_each_live(|o| {
-                objects.push(o.clone());
-                true
-            });
-            let result = (|| -> Result<(), Error> {
-                for object in &objects {
-                    let (frames, class) = {
-                        let strings = snapshot
-                            .strings()
-                            .lock()
-                            .map_err(|e| crate::errors::to_ruby(ruby, e))?;
-                        let name =
-                            |id| strings.get(id).map_err(|e| crate::errors::to_ruby(ruby, e));
-                        let frames = object
-                            .stack
-                            .iter()
-                            .map(|f| Ok((name(f.name)?, name(f.filename)?, f.line)))
-                            .collect::<Result<Vec<_>, Error>>()?;
-                        let class = if object.data.class == 0 {
-                            None
-                        } else {
-                            Some(name(object.data.class)?)
-                        };
-                        (frames, class)
-                    };
-                    let locations = ruby.ary_new_capa(frames.len());
-                    for (name, file, line) in frames {
-                        locations.push((name, file, line))?;
-                    }
-                    let d = &object.data;
-                    let args = ruby.ary_new_capa(7);
-                    args.push(locations)?;
-                    args.push(d.weight)?;
-                    args.push(d.size)?;
-                    args.push(class)?;
-                    args.push(d.alloc_gen)?;
-                    args.push(d.gen_age)?;
-                    args.push(d.frozen)?;
-                    // The block's allocations are the program's, not ours: sample them.
-                    let _: Value = sampler::not_busy(|| ruby.yield_splat(args))?;
-                }
-                Ok(())
-            })();
-            // Ends the iteration whatever happened in the block; an error from that is only
-            // worth raising when the block itself went fine.
+            // Names are resolved and the iteration ended before the first yield: a block that
+            // never returns (an abandoned Enumerator#next, a suspended Fiber, a throw) cannot
+            // leave the recorder stuck mid-iteration.
+            let named = name_live_objects(&snapshot);
             let finished = rb_self.end_iteration(ruby);
-            result?;
+            let named = named.map_err(|e| crate::errors::to_ruby(ruby, e))?;
             finished?;
+            drop(snapshot);
+            for (object, frames, class) in named {
+                let locations = ruby.ary_new_capa(frames.len());
+                for (name, file, line) in frames {
+                    locations.push((name, file, line))?;
+                }
+                let d = &object.data;
+                let args = ruby.ary_new_capa(7);
+                args.push(locations)?;
+                args.push(d.weight)?;
+                args.push(d.size)?;
+                args.push(class)?;
+                args.push(d.alloc_gen)?;
+                args.push(d.gen_age)?;
+                args.push(d.frozen)?;
+                // The block's allocations are the program's, not ours: sample them.
+                let _: Value = sampler::not_busy(|| ruby.yield_splat(args))?;
+            }
             Ok(ruby.qnil().as_value())
         })
     }
@@ -595,6 +597,49 @@ impl Recorder {
 
     fn set_postponed_commits(&self, enabled: bool) {
         self.postponed_commits.set(enabled);
+    }
+}
+
+type NamedObject = (
+    datadog_heap_core::LiveObject,
+    Vec<(String, String, i32)>,
+    Option<String>,
+);
+
+/// Every live object of the snapshot with its frames and class name spelled out. Makes no VM call.
+fn name_live_objects(
+    snapshot: &datadog_heap_core::Snapshot,
+) -> datadog_heap_core::Result<Vec<NamedObject>> {
+    let strings = snapshot.strings().lock()?;
+    let mut named = Vec::new();
+    let mut failed = None;
+    snapshot.for_each_live(|object| {
+        let resolved = (|| {
+            let frames = object
+                .stack
+                .iter()
+                .map(|f| Ok((strings.get(f.name)?, strings.get(f.filename)?, f.line)))
+                .collect::<datadog_heap_core::Result<Vec<_>>>()?;
+            let class = match object.data.class {
+                0 => None,
+                id => Some(strings.get(id)?),
+            };
+            Ok((object.clone(), frames, class))
+        })();
+        match resolved {
+            Ok(entry) => {
+                named.push(entry);
+                true
+            }
+            Err(e) => {
+                failed = Some(e);
+                false
+            }
+        }
+    });
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(named),
     }
 }
 
