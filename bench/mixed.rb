@@ -2,17 +2,19 @@
 
 # Overhead on a realistic mix (issue 7, item 2): JSON generate and parse, an ERB render, string
 # building, hashes of arrays, one result in 50 retained for the rest of the run. The iteration
-# count is calibrated to ~2 s per run without a recorder (0.15 s under BENCH_SMOKE). Variants:
-# no recorder, an empty NEWOBJ hook (the VM floor), and recorders at sample_every 1024 (the
-# default) and 4 other values: the overhead-vs-interval curve. Overhead is the median over rounds
-# of (variant / no recorder) within the round, the order rotating round by round.
+# count is calibrated to ~0.5 s of CPU per run without a recorder (0.15 s under BENCH_SMOKE):
+# many short rounds rather than a few long ones, so the median drops the rounds a neighbour's
+# burst of load disturbed. Variants: no recorder, an empty NEWOBJ hook (the VM floor), and
+# recorders at sample_every 1024 (the default) and 4 other values: the overhead-vs-interval
+# curve. Times are process CPU time; overhead is the median over rounds of (variant / no
+# recorder) within the round, the order rotating round by round.
 #
 # Run: rake bench:mixed (or ruby -Ilib bench/mixed.rb; BENCH_SMOKE=1 for a quick run)
 require_relative "support"
 require "erb"
 
-RUN_SECONDS = Bench.pick(2.0, 0.15)
-ROUNDS = Bench.pick(7, 2)
+RUN_SECONDS = Bench.pick(0.5, 0.15)
+ROUNDS = Bench.pick(21, 2)
 EVERY = [64, 256, 1024, 4096, 16_384].freeze
 
 TEMPLATE = ERB.new(<<~ERB, trim_mode: "-")
@@ -54,7 +56,7 @@ end
 # Calibrate the iteration count to RUN_SECONDS without a recorder.
 workload(50)
 probe = 200
-probe *= 2 while (t = Bench.time { workload(probe) }) < 0.2
+probe *= 2 while (t = Bench.cpu_time { workload(probe) }) < 0.2
 N = (probe * RUN_SECONDS / t).ceil
 
 VARIANTS = [:base, :empty_hook, *EVERY].freeze
@@ -67,7 +69,7 @@ def run(variant)
   else rec = DatadogHeap::Recorder.new(sample_every: variant)
   end
   rec&.start
-  seconds = Bench.time { workload(N) }
+  seconds = Bench.cpu_time { workload(N) }
   rec&.stop
   {seconds: seconds, stats: rec&.stats}
 ensure
@@ -81,7 +83,7 @@ allocs_per_unit = begin
 end
 
 Bench.header("bench/mixed.rb: overhead on a JSON/ERB/string/hash mix",
-  ["#{N} units per run (~#{RUN_SECONDS} s without a recorder, #{allocs_per_unit.round} allocations each), " \
+  ["#{N} units per run (~#{RUN_SECONDS} s of CPU without a recorder, #{allocs_per_unit.round} allocations each), " \
    "#{ROUNDS} rounds, overhead = median of per-round ratios"])
 
 res = Bench.alternate(VARIANTS, ROUNDS) { |v| run(v) }
@@ -100,4 +102,4 @@ rows = VARIANTS.map do |v|
   [label, format("%.3f s", Bench.median(res[v].map { |r| r[:seconds] })), v == :base ? "" : Bench.percent(ratio - 1),
     samples || "", in_hook ? Bench.percent(in_hook / base) : ""]
 end
-Bench.table(["variant", "median run", "overhead", "samples/run", "in-hook time / run"], rows)
+Bench.table(["variant", "median run (CPU)", "overhead", "samples/run", "in-hook time / run"], rows)

@@ -5,7 +5,7 @@
 #
 # Per depth, an allocation loop runs at that exact stack depth with sample_every: 1 (every
 # allocation sampled) and, alternating with it, with an empty NEWOBJ hook (the VM floor every
-# hook pays). (on - floor) / allocations is the whole cost of a sample: the hook's work, the
+# hook pays), timed in process CPU time. (on - floor) / allocations is the whole cost of a sample: the hook's work, the
 # commit job (WeakMap#[]=, which on Ruby < 3.3 also defines a finalizer), and the finalizer and
 # record clean-up when the object dies. "in the hook" is the part the hook itself times
 # (capture + intern + dedup + push). All samples at one depth share one stack, so interning and
@@ -28,14 +28,14 @@ COMMIT_BATCHES = Bench.pick(400, 20)
 # Depths are counted as the recorder records them (rb_profile_frames, C frames included), from a
 # calibration run.
 def alloc_loop(n)
-  t = Bench.now
+  t = Bench.cpu
   i = 0
   while i < n
     o = BasicObject.new
     i += 1
   end
   o && nil
-  Bench.now - t
+  Bench.cpu - t
 end
 
 # k >= 2 frames: k - 1 of descend, then alloc_loop.
@@ -55,14 +55,14 @@ def measure(k, variant, n)
     rec.start
   end
   if k.zero?
-    t = Bench.now
+    t = Bench.cpu
     i = 0
     while i < n
       o = BasicObject.new
       i += 1
     end
     o && nil
-    seconds = Bench.now - t
+    seconds = Bench.cpu - t
   else
     seconds = k == 1 ? alloc_loop(n) : descend(k, n)
   end

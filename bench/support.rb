@@ -41,6 +41,19 @@ module Bench
     now - t
   end
 
+  # CPU seconds this process has used. Single-threaded benches time with it: on a shared machine
+  # it does not count the time the OS gave another process, which wall time does.
+  def cpu
+    Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
+  end
+
+  # CPU seconds `block` takes.
+  def cpu_time
+    t = cpu
+    yield
+    cpu - t
+  end
+
   def median(values)
     sorted = values.sort
     n = sorted.size
@@ -190,11 +203,17 @@ module Bench
   # A recorder with `count` tracked objects (kept alive in the returned array) spread over
   # `stacks` distinct stacks of `depth` frames, set up through record_allocation and explicit
   # commits so the counts are exact. Commits run in batches of the pending queue's size.
+  # Returns [recorder, objects, GC count when they were recorded].
   def tracked_recorder(count, stacks:, depth: 20, size_enabled: true, objects: nil)
     rec = DatadogHeap::Recorder.new(sample_every: 1, size_enabled: size_enabled, max_tracked_objects: [count, 1].max)
     DatadogHeap::Testing._native_set_postponed_commits(rec, false)
     stack_list = Array.new(stacks) { |s| synthetic_stack(depth, s) }
     objects ||= Array.new(count) { |i| "tracked object #{i}" }
+    # No GC while recording: every object gets the same allocation GC count (`gen`, returned), so
+    # after one GC they are all of age 1 (young updates visit objects of age 1 and 2 only).
+    GC.start
+    GC.disable
+    gen = GC.count
     objects.each_with_index do |obj, i|
       ok = rec.record_allocation(obj, weight: 1, class_name: "String", locations: stack_list[i % stacks])
       raise "record_allocation refused object #{i}: #{rec.stats.inspect}" unless ok
@@ -202,9 +221,10 @@ module Bench
       rec.commit if (i & 255) == 255
     end
     rec.commit
+    GC.enable
     st = rec.stats
     raise "expected #{count} records, got #{st[:num_object_records]}" unless st[:num_object_records] == count
 
-    [rec, objects]
+    [rec, objects, gen]
   end
 end
