@@ -419,6 +419,14 @@ impl HeapRecorder {
         })
     }
 
+    /// Whether anything waits for a commit. Cheap (no stats snapshot); usable from the hook.
+    pub fn has_pending(&self) -> bool {
+        self.state
+            .try_borrow()
+            .map(|s| !s.pending.is_empty())
+            .unwrap_or(false)
+    }
+
     pub fn is_recorded(&self, record_id: i64) -> Result<bool> {
         Ok(self.state_ref()?.object_records.contains_key(&record_id))
     }

@@ -168,12 +168,7 @@ impl Recorder {
 
     /// Something is pending and the commit job may take it (tests can hold commits back).
     pub fn has_pending(&self) -> bool {
-        self.postponed_commits.get()
-            && self
-                .core
-                .stats()
-                .map(|s| s.pending_recordings_count > 0)
-                .unwrap_or(false)
+        self.postponed_commits.get() && self.core.has_pending()
     }
 
     fn weak_map(&self, ruby: &Ruby) -> Value {
