@@ -3,8 +3,8 @@
 require "tmpdir"
 require_relative "stress_helper"
 
-# Application code that redefines ObjectSpace::WeakMap#[]= / #[] (to raise, here) must not change
-# what the recorder does on any path: commit (explicit and postponed), young and full updates,
+# Application code that redefines ObjectSpace::WeakMap#[]= / #[] (to raise, here), or even
+# UnboundMethod#bind_call / #bind and Method#call, must not change what the recorder does on any path: commit (explicit and postponed), young and full updates,
 # iteration, profile, the diagnostics, fork. spec/recorder_spec.rb covers the commit alone.
 RSpec.describe "monkeypatched ObjectSpace::WeakMap", :stress do
   it "does not affect commit, updates, iteration, profile, diagnostics or the sampler" do
@@ -15,6 +15,11 @@ RSpec.describe "monkeypatched ObjectSpace::WeakMap", :stress do
         define_method(:key?) { |*| raise "patched WeakMap#key?" }
         define_method(:include?) { |*| raise "patched WeakMap#include?" }
       end
+      UnboundMethod.class_eval do
+        define_method(:bind_call) { |*| raise "patched UnboundMethod#bind_call" }
+        define_method(:bind) { |*| raise "patched UnboundMethod#bind" }
+      end
+      Method.class_eval { define_method(:call) { |*| raise "patched Method#call" } }
       @rec = manual_recorder
       keep = track_many(@rec, 300, sites: 3)
       record_garbage(@rec, 100)

@@ -4,9 +4,10 @@
 //! collected, so the entry lives exactly as long as the object: reading it back answers "is it
 //! alive?". We never store nil, so nil from a read always means "collected".
 //!
-//! The class and its `[]`/`[]=` methods are captured as UnboundMethods when the extension loads
-//! and called through `bind_call`, so code that later redefines `WeakMap#[]` or `#[]=` does not
-//! change what we do.
+//! The class and its `[]`/`[]=` methods are captured when the extension loads, each as
+//! `UnboundMethod#bind_call` already bound to it (a Method object), and called with
+//! `rb_method_call`, which runs a Method object without looking any name up. So code that later
+//! redefines `WeakMap#[]`, `#[]=`, or even `UnboundMethod#bind_call` does not change what we do.
 //!
 //! Both calls need the GVL, may raise, may let other threads run, and (before Ruby 3.3, where
 //! WeakMap registers finalizers) may allocate: never call them from the allocation hook.
@@ -14,24 +15,33 @@
 use std::sync::OnceLock;
 
 use magnus::{
-    value::{LazyId, Opaque, ReprValue},
+    rb_sys::{AsRawValue, FromRawValue},
+    value::{Opaque, ReprValue},
     Class, Error, Module, RClass, RModule, Ruby, Value,
 };
 
 struct WeakMapMethods {
     class: Opaque<RClass>,
+    /// `bind_call` bound to `WeakMap#[]`: called as (map, key).
     aref: Opaque<Value>,
+    /// `bind_call` bound to `WeakMap#[]=`: called as (map, key, value).
     aset: Opaque<Value>,
 }
 
 static METHODS: OnceLock<WeakMapMethods> = OnceLock::new();
-static BIND_CALL: LazyId = LazyId::new("bind_call");
 
 pub fn init(ruby: &Ruby) -> Result<(), Error> {
     let object_space: RModule = ruby.class_object().const_get("ObjectSpace")?;
     let class: RClass = object_space.const_get("WeakMap")?;
-    let aref: Value = class.funcall("instance_method", (ruby.to_symbol("[]"),))?;
-    let aset: Value = class.funcall("instance_method", (ruby.to_symbol("[]="),))?;
+    let unbound_method: RClass = ruby.class_object().const_get("UnboundMethod")?;
+    let bind_call: Value =
+        unbound_method.funcall("instance_method", (ruby.to_symbol("bind_call"),))?;
+    let bound = |name: &str| -> Result<Value, Error> {
+        let method: Value = class.funcall("instance_method", (ruby.to_symbol(name),))?;
+        bind_call.funcall("bind", (method,))
+    };
+    let aref = bound("[]")?;
+    let aset = bound("[]=")?;
     ruby.gc_register_mark_object(aref);
     ruby.gc_register_mark_object(aset);
     let _ = METHODS.set(WeakMapMethods {
@@ -63,17 +73,29 @@ pub fn set(ruby: &Ruby, map: Value, record_id: i64, object: Value) -> Result<(),
             "cannot track nil: a nil value would read as collected",
         ));
     }
-    let _: Value = ruby
-        .get_inner(m.aset)
-        .funcall(*BIND_CALL, (map, ruby.integer_from_i64(record_id), object))?;
+    let key = ruby.integer_from_i64(record_id).as_value();
+    call(ruby.get_inner(m.aset), [map, key, object])?;
     Ok(())
 }
 
 /// `map[record_id]`: the object, or `None` once it was collected.
 pub fn get(ruby: &Ruby, map: Value, record_id: i64) -> Result<Option<Value>, Error> {
     let m = methods(ruby)?;
-    let found: Value = ruby
-        .get_inner(m.aref)
-        .funcall(*BIND_CALL, (map, ruby.integer_from_i64(record_id)))?;
+    let key = ruby.integer_from_i64(record_id).as_value();
+    let found = call(ruby.get_inner(m.aref), [map, key])?;
     Ok((!found.is_nil()).then_some(found))
+}
+
+/// Runs a captured Method object with `args`, catching whatever it raises.
+fn call<const N: usize>(method: Value, args: [Value; N]) -> Result<Value, Error> {
+    let raw = args.map(|v| v.as_raw());
+    let argc = N as std::os::raw::c_int;
+    // SAFETY: `method` is a Method object captured at load and registered as a mark object, so it
+    // is alive; `raw` holds `argc` live VALUEs (the caller's arguments, on its stack) for the whole
+    // call. rb_method_call may raise, and rb_protect (inside `protect`) catches that jump.
+    let result = magnus::rb_sys::protect(|| unsafe {
+        rb_sys::rb_method_call(argc, raw.as_ptr(), method.as_raw())
+    })?;
+    // SAFETY: a VALUE returned by a Ruby method call is a valid object reference.
+    Ok(unsafe { Value::from_raw(result) })
 }
