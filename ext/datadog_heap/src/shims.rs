@@ -1,7 +1,10 @@
 //! Raw C API calls, each behind a small safe function with its contract. The rest of the crate
 //! goes through these (or magnus) and never calls rb-sys directly.
 
-use magnus::{rb_sys::AsRawValue, Value};
+use magnus::{
+    rb_sys::{AsRawValue, FromRawValue},
+    Error, Value,
+};
 use rb_sys::{ruby_value_type as T, StableApiDefinition, VALUE};
 
 extern "C" {
@@ -28,6 +31,20 @@ pub fn thread_schedule() -> Result<(), magnus::Error> {
         rb_sys::Qnil as VALUE
     })
     .map(|_| ())
+}
+
+/// Runs a captured Method object with `args`, catching whatever it raises.
+pub fn method_call<const N: usize>(method: Value, args: [Value; N]) -> Result<Value, Error> {
+    let raw = args.map(|v| v.as_raw());
+    let argc = N as std::os::raw::c_int;
+    // SAFETY: `method` is a Method object captured at load and registered as a mark object, so it
+    // is alive; `raw` holds `argc` live VALUEs (the caller's arguments, on its stack) for the whole
+    // call. rb_method_call may raise, and rb_protect (inside `protect`) catches that jump.
+    let result = magnus::rb_sys::protect(|| unsafe {
+        rb_sys::rb_method_call(argc, raw.as_ptr(), method.as_raw())
+    })?;
+    // SAFETY: a VALUE returned by a Ruby method call is a valid object reference.
+    Ok(unsafe { Value::from_raw(result) })
 }
 
 /// The builtin type of a heap object, `None` for immediates (Integer, Symbol, nil, ...).

@@ -14,8 +14,9 @@
 
 use std::sync::OnceLock;
 
+use crate::shims;
+
 use magnus::{
-    rb_sys::{AsRawValue, FromRawValue},
     value::{Opaque, ReprValue},
     Class, Error, Module, RClass, RModule, Ruby, Value,
 };
@@ -74,7 +75,7 @@ pub fn set(ruby: &Ruby, map: Value, record_id: i64, object: Value) -> Result<(),
         ));
     }
     let key = ruby.integer_from_i64(record_id).as_value();
-    call(ruby.get_inner(m.aset), [map, key, object])?;
+    shims::method_call(ruby.get_inner(m.aset), [map, key, object])?;
     Ok(())
 }
 
@@ -82,20 +83,6 @@ pub fn set(ruby: &Ruby, map: Value, record_id: i64, object: Value) -> Result<(),
 pub fn get(ruby: &Ruby, map: Value, record_id: i64) -> Result<Option<Value>, Error> {
     let m = methods(ruby)?;
     let key = ruby.integer_from_i64(record_id).as_value();
-    let found = call(ruby.get_inner(m.aref), [map, key])?;
+    let found = shims::method_call(ruby.get_inner(m.aref), [map, key])?;
     Ok((!found.is_nil()).then_some(found))
-}
-
-/// Runs a captured Method object with `args`, catching whatever it raises.
-fn call<const N: usize>(method: Value, args: [Value; N]) -> Result<Value, Error> {
-    let raw = args.map(|v| v.as_raw());
-    let argc = N as std::os::raw::c_int;
-    // SAFETY: `method` is a Method object captured at load and registered as a mark object, so it
-    // is alive; `raw` holds `argc` live VALUEs (the caller's arguments, on its stack) for the whole
-    // call. rb_method_call may raise, and rb_protect (inside `protect`) catches that jump.
-    let result = magnus::rb_sys::protect(|| unsafe {
-        rb_sys::rb_method_call(argc, raw.as_ptr(), method.as_raw())
-    })?;
-    // SAFETY: a VALUE returned by a Ruby method call is a valid object reference.
-    Ok(unsafe { Value::from_raw(result) })
 }
