@@ -26,17 +26,25 @@ module DatadogHeap
   # Runs after_fork on every recorder in a forked child (Process.fork, Kernel#fork and IO.popen
   # with "-" go through Process._fork on Ruby >= 3.1; Process.daemon is hooked on its own).
   module ForkHook
+    # Before forking, waits for any profile being encoded on another thread (its lock on the
+    # string storage must not be copied into a child that lacks the thread holding it).
     def _fork
+      DatadogHeap._native_before_fork
       pid = super
       DatadogHeap._native_after_fork_all if pid == 0
       pid
+    ensure
+      DatadogHeap._native_after_fork_parent unless pid == 0
     end
 
-    # On Linux Process.daemon calls libc daemon(3), not _fork: reset here too.
+    # On Linux Process.daemon calls libc daemon(3), not _fork: the same here.
     def daemon(*args)
+      DatadogHeap._native_before_fork
       result = super
       DatadogHeap._native_after_fork_all
       result
+    ensure
+      DatadogHeap._native_after_fork_parent
     end
   end
 
@@ -74,18 +82,10 @@ module DatadogHeap
 
     # Starts sampling into the process-wide recorder, creating it with `opts` (see Recorder)
     # the first time. Options given to a later start must match, or stop and create anew.
-    # Every option is checked (unknown keys, types, ranges) before anything is created or started.
     def start(**opts)
-      checked = Recorder.check_options(opts, "DatadogHeap.start")
-      if @recorder
-        # Keys come from DEFAULTS, never from the caller; values are checked Integers and booleans.
-        differing = Recorder::DEFAULTS.each_key.select { |key| opts.key?(key) && @recorder.public_send(key) != checked[key] }
-        unless differing.empty?
-          raise ArgumentError, "DatadogHeap is already set up with #{@recorder.inspect}; options " \
-            "#{differing.map { |key| "#{key}: #{checked[key]}" }.join(", ")} differ"
-        end
-      else
-        @recorder = Recorder.new(**opts)
+      @recorder ||= Recorder.new(**opts)
+      unless opts.empty? || opts.all? { |k, v| @recorder.public_send(k) == v }
+        raise ArgumentError, "DatadogHeap is already set up with #{@recorder.inspect}; options #{opts.inspect} differ"
       end
       @recorder.start
       @recorder

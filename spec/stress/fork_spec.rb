@@ -20,8 +20,6 @@ RSpec.describe "fork", :stress do
   end
 
   it "a child forked while another thread builds a profile can record, iterate and profile" do
-    skip "known bug, intermittent: the child can block forever on the string-storage mutex the encoding " \
-      "thread held at fork time (hold the storage locks across _fork, or resolve names under the GVL)"
     seconds = Float(ENV.fetch("STRESS_FORK_SECONDS", "20"))
     result = in_child(seconds + 90) do |progress|
       @rec = manual_recorder

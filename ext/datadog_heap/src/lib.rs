@@ -5,6 +5,7 @@
 //! in `shims`.
 
 mod errors;
+mod fork_gate;
 mod gvl_cell;
 mod postponed;
 mod profile_reader;
@@ -34,8 +35,20 @@ fn after_fork_all(ruby: &Ruby) -> Result<(), Error> {
             unsafe { &*recorder }.reset_after_fork();
         }
         sampler::reset_busy_after_fork();
+        fork_gate::after_fork(true);
         Ok(())
     })
+}
+
+/// Runs right before a fork, GVL held: waits until no profile is being encoded on another thread
+/// (see `fork_gate`). Returns the seconds it waited.
+fn before_fork() -> f64 {
+    fork_gate::before_fork().as_secs_f64()
+}
+
+/// Runs in the parent after a fork, or after a fork that failed.
+fn after_fork_parent() {
+    fork_gate::after_fork(false);
 }
 
 /// Extension entry point (`Init_datadog_heap`). Runs under the GVL; may allocate and raise.
@@ -50,6 +63,8 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     profile_reader::init(ruby, module)?;
     module.define_singleton_method("_native_version", function!(native_version, 0))?;
     module.define_singleton_method("_native_after_fork_all", function!(after_fork_all, 0))?;
+    module.define_singleton_method("_native_before_fork", function!(before_fork, 0))?;
+    module.define_singleton_method("_native_after_fork_parent", function!(after_fork_parent, 0))?;
     module.define_singleton_method(
         "_native_ractors_starting",
         function!(sampler::stop_for_ractors, 0),

@@ -403,7 +403,10 @@ impl Recorder {
                 sample_every: i64::try_from(rb_self.sample_every.get()).unwrap_or(i64::MAX),
                 ..EncodeOptions::default()
             };
-            let encoded = without_gvl(|| encode_profile(&snapshot, &options));
+            let encoded = without_gvl(|| {
+                let _pass = crate::fork_gate::enter_encoder();
+                encode_profile(&snapshot, &options)
+            });
             let finished = rb_self.end_iteration(ruby);
             let encoded = match encoded {
                 Some(result) => result.map_err(|e| crate::errors::to_ruby(ruby, e))?,
