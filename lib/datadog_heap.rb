@@ -82,10 +82,18 @@ module DatadogHeap
 
     # Starts sampling into the process-wide recorder, creating it with `opts` (see Recorder)
     # the first time. Options given to a later start must match, or stop and create anew.
+    # Every option is checked (unknown keys, types, ranges) before anything is created or started.
     def start(**opts)
-      @recorder ||= Recorder.new(**opts)
-      unless opts.empty? || opts.all? { |k, v| @recorder.public_send(k) == v }
-        raise ArgumentError, "DatadogHeap is already set up with #{@recorder.inspect}; options #{opts.inspect} differ"
+      checked = Recorder.check_options(opts, "DatadogHeap.start")
+      if @recorder
+        # Keys come from DEFAULTS, never from the caller; values are checked Integers and booleans.
+        differing = Recorder::DEFAULTS.each_key.select { |key| opts.key?(key) && @recorder.public_send(key) != checked[key] }
+        unless differing.empty?
+          raise ArgumentError, "DatadogHeap is already set up with #{@recorder.inspect}; options " \
+            "#{differing.map { |key| "#{key}: #{checked[key]}" }.join(", ")} differ"
+        end
+      else
+        @recorder = Recorder.new(**opts)
       end
       @recorder.start
       @recorder

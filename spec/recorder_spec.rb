@@ -20,6 +20,16 @@ RSpec.describe DatadogHeap::Recorder do
       expect { described_class.new(bogus: 1) }.to raise_error(ArgumentError, /bogus/)
     end
 
+    it "names every unknown option, and rejects non-Integer numbers whatever their value" do
+      expect { described_class.new(bogus: 1, sample_evry: 2) }
+        .to raise_error(ArgumentError, /\ADatadogHeap::Recorder.new: unknown keywords :bogus, :sample_evry; known: :sample_every, /)
+      [3.0, Rational(4, 1), Complex(3, 0), Float::NAN, Float::INFINITY].each do |v|
+        expect { described_class.new(sample_every: v) }.to raise_error(TypeError, /\Asample_every must be an Integer, got /)
+      end
+      expect { described_class.new(max_tracked_objects: -2**100) }
+        .to raise_error(ArgumentError, "max_tracked_objects must be between 1 and #{2**40}, got #{-2**100}")
+    end
+
     it "setters validate and leave the recorder usable" do
       expect { rec.sample_rate = 0 }.to raise_error(ArgumentError, /sample_rate .* got 0/)
       expect { rec.size_enabled = 1 }.to raise_error(TypeError)

@@ -16,18 +16,30 @@ module DatadogHeap
     DEFAULTS = {sample_every: 1024, sample_rate: 1, size_enabled: true, max_frames: 400,
                 max_tracked_objects: 262_144}.freeze
     MAX_FRAMES_LIMIT = 3000
+    RECORD_ALLOCATION_KEYWORDS = {weight: true, class_name: true, locations: true}.freeze
     U32_MAX = 2**32 - 1
 
-    def self.new(sample_every: DEFAULTS[:sample_every], sample_rate: DEFAULTS[:sample_rate],
-      size_enabled: DEFAULTS[:size_enabled], max_frames: DEFAULTS[:max_frames],
-      max_tracked_objects: DEFAULTS[:max_tracked_objects])
-      Validate.integer!(:sample_every, sample_every, 1, U32_MAX)
-      Validate.integer!(:sample_rate, sample_rate, 1, U32_MAX)
-      Validate.boolean!(:size_enabled, size_enabled)
-      Validate.integer!(:max_frames, max_frames, 1, MAX_FRAMES_LIMIT)
-      Validate.integer!(:max_tracked_objects, max_tracked_objects, 1, 2**40)
+    # Keyword arguments only (the option names above); a key that is not one of them is an
+    # ArgumentError naming it. Ruby's own "unknown keyword" error would call the key's inspect.
+    def self.new(**options)
+      options = check_options(options)
       DatadogHeap.warn_about_ruby_version
-      _native_new(self, sample_every, sample_rate, size_enabled, max_frames, max_tracked_objects)
+      _native_new(self, *options.values_at(:sample_every, :sample_rate, :size_enabled, :max_frames, :max_tracked_objects))
+    end
+
+    # `options` (option => value) with the missing ones taken from DEFAULTS. Raises ArgumentError
+    # for an unknown option or a value out of range and TypeError for a value of the wrong type,
+    # before anything else happens; calls no method on the values. `method` names the caller in
+    # the unknown-keyword message.
+    def self.check_options(options, method = "#{name}.new")
+      Validate.known_keys!(method, options, DEFAULTS)
+      options = DEFAULTS.merge(options)
+      Validate.integer!(:sample_every, options[:sample_every], 1, U32_MAX)
+      Validate.integer!(:sample_rate, options[:sample_rate], 1, U32_MAX)
+      Validate.boolean!(:size_enabled, options[:size_enabled])
+      Validate.integer!(:max_frames, options[:max_frames], 1, MAX_FRAMES_LIMIT)
+      Validate.integer!(:max_tracked_objects, options[:max_tracked_objects], 1, 2**40)
+      options
     end
 
     def sample_rate=(value)
@@ -42,8 +54,11 @@ module DatadogHeap
 
     # Records `obj` as allocated at `locations` (innermost frame first, each [name, path, line]).
     # For profilers that sample on their own; returns true when the object became pending.
-    def record_allocation(obj, weight: 1, class_name: nil, locations: [])
-      _native_record_allocation(obj, weight, class_name, locations)
+    # Keywords: weight (default 1), class_name (default nil), locations (default []); the native
+    # side checks their values.
+    def record_allocation(obj, **options)
+      Validate.known_keys!("#{self.class}#record_allocation", options, RECORD_ALLOCATION_KEYWORDS)
+      _native_record_allocation(obj, options.fetch(:weight, 1), options[:class_name], options.fetch(:locations) { [] })
     end
 
     # Runs a full update, then yields a LiveObject for each tracked object that survived at least
@@ -58,9 +73,10 @@ module DatadogHeap
     end
 
     # Writes `profile` (gzip pprof) to `path` atomically: a temporary file, then a rename.
-    # Returns the path.
+    # `path` is a String, a Pathname or another object with to_path (as File.open takes them; not
+    # an IO: write `profile` to it instead). Returns the path as a String.
     def write_profile(path)
-      path = path.to_s
+      path = Validate.path!(:path, path)
       data = profile
       tmp = "#{path}.tmp-#{Process.pid}"
       File.binwrite(tmp, data)
@@ -103,21 +119,161 @@ module DatadogHeap
   end
 
   # Argument checks shared by the public API: TypeError for the wrong type, ArgumentError for an
-  # out-of-range value, both naming the argument and the value.
+  # out-of-range value, both naming the argument and showing the value.
+  #
+  # The value may be anything, hostile included: a BasicObject (no methods at all), an object
+  # whose inspect, ==, is_a? or respond_to? raises or lies, an array nested 100k deep. So types are
+  # checked with Module#=== (which asks the VM, not the value), the class is read with Kernel#class
+  # bound to the value, and a value is shown with its own inspect only when it has one that
+  # returns a String without raising; arrays and hashes are shown a few levels deep by hand.
   module Validate
+    KERNEL_CLASS = Kernel.instance_method(:class)
+    KERNEL_RESPOND_TO = Kernel.instance_method(:respond_to?)
+    MODULE_NAME = Module.instance_method(:name)
+    MODULE_TO_S = Module.instance_method(:to_s)
+    ARRAY_SIZE = Array.instance_method(:size)
+    ARRAY_FIRST = Array.instance_method(:first)
+    HASH_SIZE = Hash.instance_method(:size)
+    HASH_EACH_PAIR = Hash.instance_method(:each_pair)
+    # Longest text shown for one value, in characters.
+    SHOWN_LENGTH = 200
+    # How deep into arrays and hashes, and how many of their elements, a value is shown.
+    SHOWN_DEPTH = 3
+    SHOWN_ELEMENTS = 5
+    # What a user's inspect may raise that still leaves us a message to build.
+    INSPECT_FAILURES = [StandardError, SystemStackError].freeze
+
     module_function
 
     def integer!(name, value, min, max)
-      raise TypeError, "#{name} must be an Integer, got #{value.inspect} (#{value.class})" unless value.is_a?(Integer)
-      return value if value.between?(min, max)
+      raise TypeError, "#{name} must be an Integer, got #{describe(value)}" unless Integer === value
+      return value if min <= value && value <= max
 
-      raise ArgumentError, "#{name} must be between #{min} and #{max}, got #{value}"
+      raise ArgumentError, "#{name} must be between #{min} and #{max}, got #{show(value)}"
     end
 
     def boolean!(name, value)
-      return value if value == true || value == false
+      return value if TrueClass === value || FalseClass === value
 
-      raise TypeError, "#{name} must be true or false, got #{value.inspect} (#{value.class})"
+      raise TypeError, "#{name} must be true or false, got #{describe(value)}"
+    end
+
+    # Raises ArgumentError naming every key of `options` that is not a key of `known` (Symbols).
+    def known_keys!(method, options, known)
+      unknown = nil
+      options.each_key { |key| (unknown ||= []) << key unless Symbol === key && known.key?(key) }
+      return unless unknown
+
+      raise ArgumentError, "#{method}: unknown keyword#{"s" if unknown.size > 1} " \
+        "#{unknown.map { |key| show(key) }.join(", ")}; known: #{known.keys.map(&:inspect).join(", ")}"
+    end
+
+    # `value` as a plain String path: a String, or what to_path returns (a Pathname, ...). TypeError
+    # for anything else, IOs included (a path is replaced by a rename, the IO would not see it);
+    # ArgumentError for a String no file can be named by.
+    def path!(name, value)
+      if IO === value
+        raise TypeError, "#{name} must be a path, not an IO, got #{describe(value)}; " \
+          "to write into an IO, write the recorder's profile to it"
+      end
+      path = String === value ? value : to_path(name, value)
+      path = String.new(path) # a plain String: a subclass could redefine what is called below
+      unless path.encoding.ascii_compatible?
+        raise ArgumentError, "#{name} must be in an ASCII-compatible encoding, got #{show(path)} (#{path.encoding})"
+      end
+      raise ArgumentError, "#{name} must not be empty" if path.empty?
+      raise ArgumentError, "#{name} must not contain a NUL byte, got #{show(path)}" if path.include?("\0")
+
+      path
+    end
+
+    # What value.to_path returns when it has one and it returns a String; else a TypeError.
+    def to_path(name, value)
+      has_to_path = begin
+        KERNEL_RESPOND_TO.bind_call(value, :to_path)
+      rescue *INSPECT_FAILURES # a respond_to_missing? that raises
+        false
+      end
+      raise TypeError, "#{name} must be a String or Pathname (or have to_path), got #{describe(value)}" unless has_to_path
+
+      path = begin
+        value.to_path
+      rescue *INSPECT_FAILURES => e
+        raise TypeError, "#{name}: #{describe(value)} raised #{class_name(e)} from to_path"
+      end
+      return path if String === path
+
+      raise TypeError, "#{name}: #{describe(value)} returned #{describe(path)} from to_path, not a String"
+    end
+
+    # The value shown, then its class: `"2" (String)`.
+    def describe(value)
+      "#{show(value)} (#{class_name(value)})"
+    end
+
+    # The value as inspect shows it, in UTF-8, cut at SHOWN_LENGTH characters; `#<ClassName>`
+    # when its inspect cannot be used.
+    def show(value, depth = 0)
+      text = case value
+      when Array then show_array(value, depth)
+      when Hash then show_hash(value, depth)
+      when Kernel then own_inspect(value)
+      else "#<#{class_name(value)}>" # a BasicObject: its method_missing could answer anything
+      end
+      return text if text.length <= SHOWN_LENGTH
+
+      "#{text[0, SHOWN_LENGTH]}... (#{text.length} characters)"
+    end
+
+    def show_array(array, depth)
+      size = ARRAY_SIZE.bind_call(array)
+      return "[]" if size == 0
+      return "[...#{size} elements]" if depth >= SHOWN_DEPTH
+
+      shown = ARRAY_FIRST.bind_call(array, SHOWN_ELEMENTS).map { |element| show(element, depth + 1) }
+      shown << "...#{size - SHOWN_ELEMENTS} more" if size > SHOWN_ELEMENTS
+      "[#{shown.join(", ")}]"
+    end
+
+    def show_hash(hash, depth)
+      size = HASH_SIZE.bind_call(hash)
+      return "{}" if size == 0
+      return "{...#{size} entries}" if depth >= SHOWN_DEPTH
+
+      shown = []
+      HASH_EACH_PAIR.bind_call(hash) do |key, value|
+        break if shown.size == SHOWN_ELEMENTS
+
+        shown << "#{show(key, depth + 1)}=>#{show(value, depth + 1)}"
+      end
+      shown << "...#{size - SHOWN_ELEMENTS} more" if size > SHOWN_ELEMENTS
+      "{#{shown.join(", ")}}"
+    end
+
+    # value.inspect when it returns a String, as valid UTF-8; `#<ClassName>` when it raises
+    # (recursing too deep included) or returns something else.
+    def own_inspect(value)
+      text = value.inspect
+      String === text ? utf8(String.new(text)) : "#<#{class_name(value)}>"
+    rescue *INSPECT_FAILURES
+      "#<#{class_name(value)}>"
+    end
+
+    # The real class's name (Kernel#class and Module#name bound, so neither can be redefined);
+    # `#<Class:0x...>` for an anonymous class.
+    def class_name(value)
+      klass = KERNEL_CLASS.bind_call(value)
+      utf8(MODULE_NAME.bind_call(klass) || MODULE_TO_S.bind_call(klass))
+    end
+
+    # `text` as valid UTF-8, so that it goes into a message whatever its encoding: invalid bytes
+    # and characters UTF-8 lacks become U+FFFD, and an encoding with no converter is escaped.
+    def utf8(text)
+      return text if text.encoding == Encoding::UTF_8 && text.valid_encoding?
+
+      text.encode(Encoding::UTF_8, invalid: :replace, undef: :replace)
+    rescue EncodingError
+      text.dump.force_encoding(Encoding::UTF_8)
     end
   end
 end
