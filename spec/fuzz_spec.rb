@@ -131,17 +131,7 @@ module FuzzInputs
   # violation. A violation is left out of the main example only when one of these explains it.
   # When a fix lands, its pending example starts passing (RSpec then fails it): remove the entry
   # and un-pend the example.
-  KNOWN = {
-    # lib/datadog_heap/profile.rb checks with is_a?, converts the path with to_s and builds
-    # messages with inspect/class: a BasicObject raises NoMethodError, a hostile value's own
-    # exception escapes, a UTF-16 path raises Encoding::CompatibilityError, an unknown keyword
-    # to top goes through Ruby's own error, which calls the key's inspect.
-    profile: lambda do |name, _label, _value, error|
-      name.start_with?("Profile") && !error.message.to_s.include?("panic")
-    rescue Exception # rubocop:disable Lint/RescueException
-      false
-    end,
-  }.freeze
+  KNOWN = {}.freeze
 end
 
 # :heavy: skipped under GC_STRESS=1, where a GC per allocation makes it take many minutes.
@@ -425,31 +415,6 @@ RSpec.describe "bad input (fuzz)", :heavy do
     end
   end
 
-  describe "known bugs (pending until fixed; each fails while the bug is there)" do
-    it "DatadogHeap::Profile rejects a BasicObject or a hostile value with TypeError" do
-      pending "lib/datadog_heap/profile.rb calls is_a?/to_s/inspect/class on its arguments (Validate.path! and " \
-        "Validate.describe in lib/datadog_heap/recorder.rb do it safely)"
-      profile = DatadogHeap::Profile.parse(manual_recorder.profile)
-      [BasicObject.new, FuzzInputs::Hostile.new].each do |v|
-        expect { DatadogHeap::Profile.load(v) }.to raise_error(TypeError)
-        expect { DatadogHeap::Profile.parse(v) }.to raise_error(TypeError)
-        expect { profile.top(3, by: v) }.to raise_error(ArgumentError)
-        expect { profile.diff(v) }.to raise_error(TypeError)
-      end
-    end
-
-    it "DatadogHeap::Profile.load rejects a UTF-16 path with ArgumentError" do
-      pending "Profile.load interpolates the path into a UTF-8 message: Encoding::CompatibilityError"
-      expect { DatadogHeap::Profile.load("heap.pb.gz".encode("UTF-16LE")) }.to raise_error(ArgumentError)
-    end
-
-    it "DatadogHeap::Profile#top rejects an unknown keyword whose inspect raises with ArgumentError" do
-      pending "Profile#top takes by: as a Ruby keyword: Ruby's unknown-keyword error calls the key's inspect"
-      profile = DatadogHeap::Profile.parse(manual_recorder.profile)
-      expect { profile.top(3, FuzzInputs::RaisesIn.new(:inspect) => 1) }.to raise_error(ArgumentError)
-    end
-  end
-
   # Bugs the fuzz found once, fixed: each message names the argument and shows the value.
   describe "fixed bugs" do
     it "Recorder.new and the setters reject a BasicObject with TypeError" do
@@ -530,6 +495,43 @@ RSpec.describe "bad input (fuzz)", :heavy do
       expect { rec.write_profile("") }.to raise_error(ArgumentError, "path must not be empty")
       expect { rec.write_profile("a\0b") }.to raise_error(ArgumentError, /\Apath must not contain a NUL byte/)
       expect(Dir.children(".")).to eq([])
+    end
+
+    it "DatadogHeap::Profile rejects a BasicObject or a hostile value with TypeError or ArgumentError, naming it" do
+      profile = DatadogHeap::Profile.parse(manual_recorder.profile)
+      [BasicObject.new, FuzzInputs::Hostile.new, FuzzInputs::Chameleon.new, FuzzInputs::Recursing.new].each do |v|
+        shown = "#<#{(class << v; self; end).superclass}>"
+        expect { DatadogHeap::Profile.load(v) }.to raise_error(TypeError, /\Apath must be a String or Pathname .*got #{shown}|\Apath: #{shown}/)
+        expect { DatadogHeap::Profile.parse(v) }.to raise_error(TypeError, /\Abytes must be a String, got #{shown}/)
+        expect { DatadogHeap::Profile.parse("not a profile", path: v) }.to raise_error(TypeError, /\Apath/)
+        expect { profile.top(3, by: v) }.to raise_error(ArgumentError, /\Aby must be one of :size, :count, got #{shown}/)
+        expect { profile.diff(v) }.to raise_error(TypeError, /\Aother must be a DatadogHeap::Profile, got #{shown}/)
+      end
+      expect { DatadogHeap::Profile.load(FuzzInputs::RaisesIn.new(:to_path)) }.to raise_error(TypeError, /raised RuntimeError from to_path/)
+      expect { DatadogHeap::Profile.load($stderr) }.to raise_error(TypeError, /\Apath must be a path, not an IO, got #<IO:<STDERR>> \(IO\); to read/)
+      expect { profile.top(3, by: FuzzInputs.nested(100_000)) }.to raise_error(ArgumentError, /got \[\[\[\[\.\.\.1 elements\]\]\]\] \(Array\)/)
+      expect(profile.top(3, by: :count)).to eq([])
+    end
+
+    it "DatadogHeap::Profile.load rejects a path no file can have with ArgumentError, and names an odd one readably" do
+      expect { DatadogHeap::Profile.load("heap.pb.gz".encode("UTF-16LE")) }
+        .to raise_error(ArgumentError, /\Apath must be in an ASCII-compatible encoding, got .* \(UTF-16LE\)\z/)
+      expect { DatadogHeap::Profile.load("") }.to raise_error(ArgumentError, "path must not be empty")
+      expect { DatadogHeap::Profile.load("a\0b") }.to raise_error(ArgumentError, /\Apath must not contain a NUL byte/)
+      ["nope-\xff.pb.gz".b, (+"nope-\xC3\x28.pb.gz").force_encoding("UTF-8")].each do |path|
+        expect { DatadogHeap::Profile.load(path) }.to raise_error(DatadogHeap::Error) { |e|
+          expect(e.message).to match(/\Acannot read profile nope-\uFFFD.*: No such file or directory\z/).and(be_valid_encoding)
+        }
+      end
+      expect { DatadogHeap::Profile.parse("not a profile", path: "\xff.pb".b) }
+        .to raise_error(DatadogHeap::Error, /\A\uFFFD\.pb is not a readable pprof profile \(13 bytes\)/)
+    end
+
+    it "DatadogHeap::Profile#top rejects unknown keywords with ArgumentError naming them, whatever their inspect does" do
+      profile = DatadogHeap::Profile.parse(manual_recorder.profile)
+      expect { profile.top(3, FuzzInputs::RaisesIn.new(:inspect) => 1) }
+        .to raise_error(ArgumentError, /\ADatadogHeap::Profile#top: unknown keyword #<FuzzInputs::RaisesIn>; known: :by\z/)
+      expect { profile.top(3, bye: :size, "by" => :count) }.to raise_error(ArgumentError, /unknown keywords :bye, "by"; known: :by/)
     end
   end
 end

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "open3"
+require "pathname"
 require "tmpdir"
 require "zlib"
 require_relative "fixtures/profiles"
@@ -71,6 +72,8 @@ RSpec.describe DatadogHeap::Profile do
       expect(profile.path).to eq(path)
       expect(profile.samples.size).to eq(3)
       expect(profile.inspect).to include(path)
+      expect(described_class.load(Pathname(path)).path).to eq(path) # what File.open takes, Pathname included
+      expect(described_class.parse(@rec.profile, path: Pathname(path)).path).to eq(path)
     end
   end
 
@@ -158,12 +161,17 @@ RSpec.describe DatadogHeap::Profile do
 
     it "checks its arguments" do
       profile = described_class.parse(@rec.profile)
-      expect { described_class.parse(nil) }.to raise_error(TypeError, /bytes must be a String/)
+      expect { described_class.parse(nil) }.to raise_error(TypeError, "bytes must be a String, got nil (NilClass)")
+      expect { described_class.parse(@rec.profile, path: 1) }.to raise_error(TypeError, /\Apath must be a String or Pathname .*got 1 \(Integer\)/)
+      expect { described_class.load(:heap) }.to raise_error(TypeError, /\Apath must be a String or Pathname .*got :heap \(Symbol\)/)
       expect { described_class.new }.to raise_error(NoMethodError)
       expect { profile.top(0) }.to raise_error(ArgumentError, /n must be between 1/)
       expect { profile.top("3") }.to raise_error(TypeError, /n must be an Integer/)
-      expect { profile.top(3, by: :bytes) }.to raise_error(ArgumentError, /by must be one of :size, :count, got :bytes/)
-      expect { profile.diff("old.pb.gz") }.to raise_error(TypeError, /other must be a DatadogHeap::Profile/)
+      expect { profile.top(3, by: :bytes) }.to raise_error(ArgumentError, "by must be one of :size, :count, got :bytes (Symbol)")
+      expect { profile.top(3, by: "size") }.to raise_error(ArgumentError, /by must be one of :size, :count, got "size" \(String\)/)
+      expect { profile.top(3, sort: :size) }.to raise_error(ArgumentError, "DatadogHeap::Profile#top: unknown keyword :sort; known: :by")
+      expect { profile.diff("old.pb.gz") }
+        .to raise_error(TypeError, "other must be a DatadogHeap::Profile, got \"old.pb.gz\" (String)")
     end
   end
 

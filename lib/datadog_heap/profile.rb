@@ -27,34 +27,54 @@ module DatadogHeap
       :bytes_change, :objects_change, :bytes_relative, :objects_relative)
 
     SORT_KEYS = %i[size count].freeze
+    TOP_KEYWORDS = {by: true}.freeze
+    # Bound, so that a String subclass cannot answer for it.
+    STRING_BYTESIZE = String.instance_method(:bytesize)
 
     private_class_method :new
 
     class << self
-      # Reads the profile at `path`. Raises DatadogHeap::Error naming the path and the reason
-      # when the file cannot be read or is not a pprof profile.
+      # Reads the profile at `path`: a String, a Pathname or another object with to_path (as
+      # File.open takes them; not an IO: parse what it reads instead). Raises TypeError or
+      # ArgumentError for a value that is no path, and DatadogHeap::Error naming the path and the
+      # reason when the file cannot be read or is not a pprof profile.
       def load(path)
-        path = path.to_s
+        if IO === path
+          raise TypeError, "path must be a path, not an IO, got #{Validate.describe(path)}; " \
+            "to read a profile from an IO, parse what it reads: #{self}.parse(io.read)"
+        end
+        path = Validate.path!(:path, path)
         bytes = begin
           File.binread(path)
         rescue SystemCallError, IOError => e
-          raise Error, "cannot read profile #{path}: #{e.message.sub(/ @ \w+ - .*\z/, "")}"
+          raise Error, "cannot read profile #{Validate.utf8(path)}: #{read_failure(e)}"
         end
         parse(bytes, path: path)
       end
 
-      # Decodes a profile held in a String (e.g. Recorder#profile). `path` only names it in
-      # messages and #inspect.
+      # Decodes a profile held in a String (e.g. Recorder#profile). `path` (nil, or what `load`
+      # takes) only names it in messages and #inspect.
       def parse(bytes, path: nil)
-        raise TypeError, "bytes must be a String, got #{bytes.class}" unless bytes.is_a?(String)
+        raise TypeError, "bytes must be a String, got #{Validate.describe(bytes)}" unless String === bytes
 
+        path = Validate.path!(:path, path) unless NilClass === path
         profile = begin
           _native_parse(self, bytes)
         rescue Error => e
-          raise Error, "#{path || "profile"} is not a readable pprof profile (#{bytes.bytesize} bytes): #{e.message}"
+          raise Error, "#{path ? Validate.utf8(path) : "profile"} is not a readable pprof profile " \
+            "(#{STRING_BYTESIZE.bind_call(bytes)} bytes): #{e.message}"
         end
         profile.send(:setup, path)
         profile
+      end
+
+      private
+
+      # Why File.binread failed, without the path Ruby appends to an Errno message (which may be
+      # in any encoding, and is in ours already): "No such file or directory".
+      def read_failure(error)
+        text = SystemCallError === error ? SystemCallError.new(nil, error.errno).message : error.message
+        Validate.utf8(String.new(text))
       end
     end
 
@@ -100,29 +120,32 @@ module DatadogHeap
       end.freeze
     end
 
-    # The `n` sites holding the most live bytes (`by: :size`) or objects (`by: :count`), largest
-    # first. A profile without sizes is ranked by count whatever `by` says.
-    def top(n = 10, by: :size)
+    # The `n` sites holding the most live bytes (`by: :size`, the default) or objects
+    # (`by: :count`), largest first. A profile without sizes is ranked by count whatever `by` says.
+    # `by` is the only keyword; another is an ArgumentError naming it (Ruby's own error for an
+    # unknown keyword would call the key's inspect).
+    def top(n = 10, **options)
+      Validate.known_keys!("#{Profile}#top", options, TOP_KEYWORDS)
       Validate.integer!(:n, n, 1, 2**62 - 1)
-      unless SORT_KEYS.include?(by)
-        raise ArgumentError, "by must be one of #{SORT_KEYS.map(&:inspect).join(", ")}, got #{by.inspect}"
+      by = options.fetch(:by, :size)
+      unless Symbol === by && SORT_KEYS.include?(by)
+        raise ArgumentError, "by must be one of #{SORT_KEYS.map(&:inspect).join(", ")}, got #{Validate.describe(by)}"
       end
 
-      by = :count unless sizes?
-      _native_top(n, by.to_s).map { |row| Site.new(*row) }
+      _native_top(n, sizes? && by == :size ? "size" : "count").map { |row| Site.new(*row) }
     end
 
     # The sites of this profile (the old one) and `other` (the new one), the largest growth in
     # live bytes first, then in objects. Every site of either profile is there, shrunk and
     # vanished ones last; keep those with a positive change to hunt leaks.
     def diff(other)
-      raise TypeError, "other must be a #{Profile}, got #{other.class}" unless other.is_a?(Profile)
+      raise TypeError, "other must be a #{Profile}, got #{Validate.describe(other)}" unless Profile === other
 
       _native_diff(other).map { |row| SiteDiff.new(*row) }
     end
 
     def inspect
-      "#<#{self.class} #{path || "(string)"} samples=#{info[:samples]} " \
+      "#<#{self.class} #{path ? Validate.utf8(path) : "(string)"} samples=#{info[:samples]} " \
         "types=#{sample_types.map { |t| t.join("/") }.join(",")}>"
     end
 
