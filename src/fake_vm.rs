@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use crate::error::{HeapError, Result};
-use crate::vm::{LiveInfo, ObjectRef, Vm};
+use crate::vm::{LiveInfo, ObjectRef, Vm, WalkVisitor};
 
 #[derive(Debug, Clone, Copy)]
 pub struct FakeObject {
@@ -24,6 +24,9 @@ pub struct FakeVm {
     pub fail_remember_after: Option<usize>,
     /// Fail the lookup call after this many more succeed.
     pub fail_lookup_after: Option<usize>,
+    /// Answer `walk_live` (off by default, so most tests cover the one-by-one lookups).
+    pub walk_enabled: bool,
+    pub walks: usize,
     pub remember_calls: usize,
     pub lookup_calls: usize,
     pub size_measurements: usize,
@@ -117,6 +120,34 @@ impl Vm for FakeVm {
                 Ok(None)
             }
         }
+    }
+
+    fn walk_live(&mut self, visit: WalkVisitor<'_>) -> Result<bool> {
+        if !self.walk_enabled {
+            return Ok(false);
+        }
+        Self::tick(&mut self.fail_lookup_after, "walk")?;
+        self.walks += 1;
+        // Like a WeakMap: entries of collected objects are gone, the rest come in no set order.
+        let objects = &self.objects;
+        self.table
+            .retain(|_, object| objects.get(object).is_some_and(|o| o.alive));
+        let measured = std::cell::Cell::new(0);
+        for (&record_id, object) in &self.table {
+            let o = self.objects[object];
+            let probe = |measure_size: bool| {
+                if measure_size {
+                    measured.set(measured.get() + 1);
+                }
+                LiveInfo {
+                    frozen: o.frozen,
+                    size: measure_size.then_some(o.size),
+                }
+            };
+            visit(record_id, &probe);
+        }
+        self.size_measurements += measured.get();
+        Ok(true)
     }
 
     fn yield_thread(&mut self) -> Result<()> {

@@ -29,4 +29,4 @@ pub use recorder::{
 };
 pub use stack::{Frame, RawFrame, Stack};
 pub use stats::{StatValue, Stats};
-pub use vm::{LiveInfo, ObjectRef, Vm};
+pub use vm::{LiveInfo, ObjectRef, Probe, Vm, WalkVisitor};

@@ -16,6 +16,12 @@ pub struct LiveInfo {
     pub size: Option<usize>,
 }
 
+/// Tells about one live object during a walk: `probe(measure_size)`.
+pub type Probe<'a> = &'a dyn Fn(bool) -> LiveInfo;
+
+/// What a walk calls for each live entry: `visit(record_id, probe)`.
+pub type WalkVisitor<'a> = &'a mut dyn FnMut(i64, Probe<'_>);
+
 pub trait Vm {
     /// Remembers `object` under `record_id` in the liveness table (the WeakMap write). May fail,
     /// and may let other threads run before it returns.
@@ -24,6 +30,16 @@ pub trait Vm {
     /// Looks `record_id` up in the liveness table: `None` once the object was collected. Measures
     /// the object's size when `measure_size`. May fail, and may let other threads run.
     fn lookup(&mut self, record_id: i64, measure_size: bool) -> Result<Option<LiveInfo>>;
+
+    /// Walks the whole liveness table once, calling `visit(record_id, probe)` for every entry whose
+    /// object is alive; `probe(measure_size)` tells about that object (measuring it when asked).
+    /// `visit` must not call back into the VM. Returns `Ok(false)`, having visited nothing, when
+    /// this VM cannot walk; callers then look records up one by one. May fail, and may let other
+    /// threads run.
+    fn walk_live(&mut self, visit: WalkVisitor<'_>) -> Result<bool> {
+        let _ = visit;
+        Ok(false)
+    }
 
     /// Lets other threads run (the lock waits with this). Fails when an exception was delivered
     /// to this thread meanwhile (Thread#raise, Thread#kill, Timeout): the wait is abandoned.

@@ -14,6 +14,7 @@ RSpec.describe "monkeypatched ObjectSpace::WeakMap", :stress do
         define_method(:[]) { |*| raise "patched WeakMap#[]" }
         define_method(:key?) { |*| raise "patched WeakMap#key?" }
         define_method(:include?) { |*| raise "patched WeakMap#include?" }
+        define_method(:each) { |*| raise "patched WeakMap#each" }
       end
       UnboundMethod.class_eval do
         define_method(:bind_call) { |*| raise "patched UnboundMethod#bind_call" }

@@ -60,6 +60,8 @@ struct PendingRecording {
 pub(crate) struct ObjectRecord {
     pub(crate) stack: Stack,
     pub(crate) data: LiveObjectData,
+    /// The walk (see `update`) that last found this object alive.
+    pub(crate) seen_in_walk: u32,
 }
 
 /// Options the recorder applies itself.
@@ -130,6 +132,8 @@ pub(crate) struct State {
     /// An iteration snapshot exists: no update may run.
     iterating: bool,
     update_gen: u64,
+    /// Numbers the liveness-table walks; records carry the number of the last walk that saw them.
+    walk_epoch: u32,
     /// When the last successful update ran; `None` before the first.
     last_update_ns: Option<i64>,
     last_update: LastUpdate,
@@ -170,6 +174,7 @@ impl HeapRecorder {
                 since_last_kept: 0,
                 iterating: false,
                 update_gen: 0,
+                walk_epoch: 0,
                 last_update_ns: None,
                 last_update: LastUpdate::default(),
                 lifetime: Lifetime::default(),
@@ -374,11 +379,13 @@ impl HeapRecorder {
                     record_id: pending.record_id,
                 });
             }
+            let seen_in_walk = state.walk_epoch;
             state.object_records.insert(
                 pending.record_id,
                 ObjectRecord {
                     stack: pending.stack,
                     data: pending.data,
+                    seen_in_walk,
                 },
             );
             state.lifetime.deferred_recordings_committed += 1;

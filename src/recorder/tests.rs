@@ -1,6 +1,6 @@
 use super::*;
 use crate::fake_vm::FakeVm;
-use crate::recorder::update::{UpdateKind, UpdateOutcome};
+use crate::recorder::update::{UpdateKind, UpdateOutcome, OLD_AGE};
 
 fn frames(site: &'static str, line: i32) -> Vec<RawFrame<'static>> {
     vec![
@@ -742,4 +742,142 @@ fn full_update_abandoned_by_an_interrupt_leaves_the_lock_usable() {
     assert!(rec.lock().is_held() && !rec.lock().is_wanted());
     rec.lock().unlock();
     assert_eq!(rec.commit(&mut vm.0).unwrap(), CommitOutcome::Committed(0));
+}
+
+/// Builds the same history on a recorder whose VM walks and on one whose VM looks up: objects of
+/// several ages, some dead, some frozen, sizes changing. Returns the two (recorder, vm) pairs.
+fn twin_histories(steps: u64) -> Vec<(HeapRecorder, FakeVm)> {
+    [true, false]
+        .into_iter()
+        .map(|walk| {
+            let rec = HeapRecorder::default();
+            let mut vm = FakeVm::new();
+            vm.walk_enabled = walk;
+            let mut objects = Vec::new();
+            let mut seed = 0x2545_f491_4f6c_dd1du64;
+            let mut next = move || {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed
+            };
+            for step in 0..steps {
+                for i in 0..20 {
+                    objects.push(record(&rec, &mut vm, ["a", "b", "c"][i % 3], i as i32));
+                }
+                rec.commit(&mut vm).unwrap();
+                vm.gc();
+                for &o in &objects {
+                    match next() % 10 {
+                        0 => vm.kill(o),
+                        1 => vm.obj(o).frozen = true,
+                        2 => vm.obj(o).size += 8,
+                        _ => {}
+                    }
+                }
+                let kind = match step % 3 {
+                    0 => UpdateKind::Full,
+                    _ => UpdateKind::Young,
+                };
+                rec.update(&mut vm, kind).unwrap();
+            }
+            (rec, vm)
+        })
+        .collect()
+}
+
+#[test]
+fn walking_and_looking_up_agree_after_a_full_update() {
+    let mut pairs = twin_histories(12);
+    for (rec, vm) in &mut pairs {
+        let objects: Vec<ObjectRef> = vm.objects.keys().copied().collect();
+        (objects.iter())
+            .filter(|&&o| o % 7 == 0)
+            .for_each(|&o| vm.kill(o));
+        let last = full_update(rec, vm);
+        assert!(last.objects_alive > 0 && last.objects_dead > 0, "{last:?}");
+    }
+    let [(walked, walk_vm), (looked, lookup_vm)] = &pairs[..] else {
+        unreachable!()
+    };
+    assert!(walk_vm.walks > 0 && walk_vm.lookup_calls == 0);
+    assert!(lookup_vm.walks == 0 && lookup_vm.lookup_calls > 0);
+    let records = |rec: &HeapRecorder| {
+        let state = rec.state().unwrap();
+        let mut all: Vec<_> = (state.object_records.iter())
+            .map(|(&id, r)| (id, r.data))
+            .collect();
+        all.sort_by_key(|(id, _)| *id);
+        all
+    };
+    assert_eq!(records(walked), records(looked));
+    let (a, b) = (walked.stats().unwrap(), looked.stats().unwrap());
+    assert_eq!(
+        (a.num_object_records, a.num_heap_records, a.string_refs),
+        (b.num_object_records, b.num_heap_records, b.string_refs)
+    );
+}
+
+#[test]
+fn a_young_walk_also_drops_old_objects_that_died() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    vm.walk_enabled = true;
+    let old = record(&rec, &mut vm, "old", 1);
+    rec.commit(&mut vm).unwrap();
+    for _ in 0..OLD_AGE {
+        vm.gc();
+    }
+    for line in 0..4 {
+        record(&rec, &mut vm, "young", line);
+    }
+    rec.commit(&mut vm).unwrap();
+    vm.gc();
+    vm.kill(old);
+    let UpdateOutcome::Done(last) = rec.update(&mut vm, UpdateKind::Young).unwrap() else {
+        panic!("young update did not run")
+    };
+    assert_eq!(vm.walks, 1);
+    assert_eq!((last.objects_alive, last.objects_dead), (4, 1));
+    assert!(!rec.is_recorded(1).unwrap(), "the old dead record is gone");
+    assert_eq!(rec.stats().unwrap().num_object_records, 4);
+}
+
+#[test]
+fn a_young_update_with_few_young_objects_looks_them_up_instead() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    vm.walk_enabled = true;
+    for line in 0..20 {
+        record(&rec, &mut vm, "old", line);
+    }
+    rec.commit(&mut vm).unwrap();
+    for _ in 0..OLD_AGE {
+        vm.gc();
+    }
+    record(&rec, &mut vm, "young", 1);
+    rec.commit(&mut vm).unwrap();
+    vm.gc();
+    let UpdateOutcome::Done(last) = rec.update(&mut vm, UpdateKind::Young).unwrap() else {
+        panic!("young update did not run")
+    };
+    assert_eq!((vm.walks, vm.lookup_calls), (0, 1));
+    assert_eq!((last.objects_alive, last.objects_skipped), (1, 20));
+}
+
+#[test]
+fn a_failed_walk_releases_the_lock_and_drops_nothing() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    vm.walk_enabled = true;
+    let objs: Vec<_> = (0..4).map(|i| record(&rec, &mut vm, "a", i)).collect();
+    rec.commit(&mut vm).unwrap();
+    vm.gc();
+    vm.kill(objs[0]);
+    vm.fail_lookup_after = Some(0);
+    assert!(rec.update(&mut vm, UpdateKind::Full).is_err());
+    assert!(!rec.lock().is_held());
+    assert_eq!(rec.stats().unwrap().num_object_records, 4);
+    let last = full_update(&rec, &mut vm);
+    assert_eq!((last.objects_alive, last.objects_dead), (3, 1));
 }

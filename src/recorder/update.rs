@@ -3,15 +3,19 @@
 use crate::error::Result;
 use crate::lock::LockGuard;
 use crate::stats::LastUpdate;
-use crate::vm::Vm;
+use crate::vm::{LiveInfo, Probe, Vm};
 
-use super::HeapRecorder;
+use super::{HeapRecorder, ObjectRecord};
 
 /// Young updates are held back until this long after the previous update.
 pub const MIN_TIME_BETWEEN_UPDATES_NS: i64 = 2_000_000_000;
 
 /// Objects at least this many GCs old are left alone by young updates.
 pub const OLD_AGE: u64 = 3;
+
+/// An update walks the whole liveness table, rather than looking its objects up one by one, when
+/// it visits at least one object in this many: a lookup costs several times a walk's step.
+const LOOKUPS_PER_WALKED_OBJECT: usize = 4;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpdateKind {
@@ -47,7 +51,7 @@ impl HeapRecorder {
     }
 
     fn update_locked(&self, vm: &mut dyn Vm, full: bool) -> Result<UpdateOutcome> {
-        let (ids, size_enabled, update_gen, now) = {
+        let (size_enabled, update_gen, now, visits, total) = {
             let mut state = self.state()?;
             if state.iterating {
                 // Records must stay as the snapshot saw them until the iteration finishes.
@@ -70,28 +74,147 @@ impl HeapRecorder {
             }
             state.update_gen = gc;
             state.last_update = LastUpdate::default();
-            let ids: Vec<i64> = state.object_records.keys().copied().collect();
-            (ids, state.options.size_enabled, gc, now)
+            let total = state.object_records.len();
+            let visits = if full {
+                total
+            } else {
+                let young = |age: u64| age > 0 && age < OLD_AGE;
+                (state.object_records.values())
+                    .filter(|r| young(gc.saturating_sub(r.data.alloc_gen)))
+                    .count()
+            };
+            (state.options.size_enabled, gc, now, visits, total)
         };
 
+        // A walk of the whole table costs about what a few one-by-one lookups do per object, and it
+        // also finds old objects that died, which lookups of young ones leave to a full update.
+        let walk = visits.saturating_mul(LOOKUPS_PER_WALKED_OBJECT) >= total;
+        let any_dead = match walk {
+            true => self.update_by_walk(vm, full, update_gen, size_enabled)?,
+            false => None,
+        };
+        let any_dead = match any_dead {
+            Some(any_dead) => any_dead,
+            None => self.update_by_lookup(vm, full, update_gen, size_enabled)?,
+        };
+
+        if any_dead {
+            self.strings.lock()?.compact();
+        }
+        let mut state = self.state()?;
+        state.last_update_ns = Some(now);
+        let last = state.last_update;
+        state.lifetime.record_update(full, &last);
+        Ok(UpdateOutcome::Done(last))
+    }
+
+    /// Ages a record and says whether this update visits it (else counts it as skipped).
+    fn visit(
+        record: &mut ObjectRecord,
+        last: &mut LastUpdate,
+        full: bool,
+        update_gen: u64,
+    ) -> bool {
+        // An object allocated after the GC count was read would show a negative age.
+        let age = update_gen.saturating_sub(record.data.alloc_gen);
+        record.data.gen_age = age;
+        // Age 0: it has not met a GC yet, so it is almost surely alive; old objects are left to
+        // full updates.
+        if age == 0 || (!full && age >= OLD_AGE) {
+            last.objects_skipped += 1;
+            return false;
+        }
+        true
+    }
+
+    fn note_alive(record: &mut ObjectRecord, last: &mut LastUpdate, info: LiveInfo) {
+        if let Some(size) = info.size {
+            record.data.size = size;
+        }
+        record.data.frozen = info.frozen;
+        last.objects_alive += 1;
+        if info.frozen {
+            last.objects_frozen += 1;
+        }
+    }
+
+    /// One walk over the liveness table: what it shows is alive, what it misses was collected.
+    /// `None` when the VM cannot walk; else whether anything died.
+    fn update_by_walk(
+        &self,
+        vm: &mut dyn Vm,
+        full: bool,
+        update_gen: u64,
+        size_enabled: bool,
+    ) -> Result<Option<bool>> {
+        let epoch = {
+            let mut state = self.state()?;
+            state.walk_epoch = state.walk_epoch.wrapping_add(1);
+            state.walk_epoch
+        };
+        let mut failure = None;
+        let mut visit = |id: i64, probe: Probe<'_>| {
+            let mut state = match self.state() {
+                Ok(state) => state,
+                Err(e) => {
+                    failure.get_or_insert(e);
+                    return;
+                }
+            };
+            let state = &mut *state;
+            let Some(record) = state.object_records.get_mut(&id) else {
+                return; // an entry whose record is gone (cleared, or before a fork)
+            };
+            record.seen_in_walk = epoch;
+            let last = &mut state.last_update;
+            if Self::visit(record, last, full, update_gen) {
+                let info = probe(size_enabled && !record.data.frozen);
+                Self::note_alive(record, last, info);
+            }
+        };
+        let walked = vm.walk_live(&mut visit)?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        if !walked {
+            return Ok(None);
+        }
+
+        let mut state = self.state()?;
+        let dead: Vec<i64> = (state.object_records.iter())
+            .filter(|(_, r)| r.seen_in_walk != epoch)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in &dead {
+            if let Some(record) = state.object_records.remove(id) {
+                self.release_record(&mut state, &record.stack, record.data.class)?;
+            }
+        }
+        state.last_update.objects_dead += dead.len() as u64;
+        Ok(Some(!dead.is_empty()))
+    }
+
+    /// Looks each record up in the liveness table. Whether anything died.
+    fn update_by_lookup(
+        &self,
+        vm: &mut dyn Vm,
+        full: bool,
+        update_gen: u64,
+        size_enabled: bool,
+    ) -> Result<bool> {
+        let ids: Vec<i64> = self.state()?.object_records.keys().copied().collect();
         let mut any_dead = false;
         for id in ids {
             let measure_size = {
                 let mut state = self.state()?;
+                let state = &mut *state;
                 let Some(record) = state.object_records.get_mut(&id) else {
                     continue;
                 };
-                // An object allocated after the GC count was read would show a negative age.
-                let age = update_gen.saturating_sub(record.data.alloc_gen);
-                record.data.gen_age = age;
-                let frozen = record.data.frozen;
-                // Age 0: it has not met a GC yet, so it is almost surely alive; old objects are
-                // left to full updates.
-                if age == 0 || (!full && age >= OLD_AGE) {
-                    state.last_update.objects_skipped += 1;
+                if !Self::visit(record, &mut state.last_update, full, update_gen) {
                     continue;
                 }
-                size_enabled && !frozen
+                size_enabled && !record.data.frozen
             };
 
             let found = vm.lookup(id, measure_size)?;
@@ -106,27 +229,13 @@ impl HeapRecorder {
                     any_dead = true;
                 }
                 Some(info) => {
+                    let state = &mut *state;
                     if let Some(record) = state.object_records.get_mut(&id) {
-                        if let Some(size) = info.size {
-                            record.data.size = size;
-                        }
-                        record.data.frozen = info.frozen;
-                    }
-                    state.last_update.objects_alive += 1;
-                    if info.frozen {
-                        state.last_update.objects_frozen += 1;
+                        Self::note_alive(record, &mut state.last_update, info);
                     }
                 }
             }
         }
-
-        if any_dead {
-            self.strings.lock()?.compact();
-        }
-        let mut state = self.state()?;
-        state.last_update_ns = Some(now);
-        let last = state.last_update;
-        state.lifetime.record_update(full, &last);
-        Ok(UpdateOutcome::Done(last))
+        Ok(any_dead)
     }
 }

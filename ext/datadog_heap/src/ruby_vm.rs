@@ -4,7 +4,7 @@
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use datadog_heap_core::{HeapError, LiveInfo, ObjectRef, Vm};
+use datadog_heap_core::{HeapError, LiveInfo, ObjectRef, Vm, WalkVisitor};
 use magnus::{rb_sys::FromRawValue, Error, Ruby, Value};
 
 use crate::{shims, weak_map};
@@ -60,6 +60,18 @@ impl Vm for RubyVm<'_> {
             frozen: shims::is_frozen(object),
             size: measure_size.then(|| shims::memsize_of(object)),
         }))
+    }
+
+    fn walk_live(&mut self, visit: WalkVisitor<'_>) -> datadog_heap_core::Result<bool> {
+        weak_map::walk(self.ruby, self.weak_map, |record_id, object| {
+            let probe = |measure_size: bool| LiveInfo {
+                frozen: shims::is_frozen(object),
+                size: measure_size.then(|| shims::memsize_of(object)),
+            };
+            visit(record_id, &probe);
+        })
+        .map(|()| true)
+        .map_err(|e| self.keep(e))
     }
 
     fn yield_thread(&mut self) -> datadog_heap_core::Result<()> {

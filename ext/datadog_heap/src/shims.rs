@@ -47,6 +47,63 @@ pub fn method_call<const N: usize>(method: Value, args: [Value; N]) -> Result<Va
     Ok(unsafe { Value::from_raw(result) })
 }
 
+/// What a block made by `method_call_with_block` runs for each set of values yielded to it.
+type BlockBody<'a> = &'a mut dyn FnMut(&[VALUE]);
+
+thread_local! {
+    /// The body of the block currently running on this thread (a pointer to a `BlockBody` on the
+    /// stack of `method_call_with_block`), or null.
+    static BLOCK_BODY: std::cell::Cell<*mut std::ffi::c_void> =
+        const { std::cell::Cell::new(std::ptr::null_mut()) };
+}
+
+/// The C function behind the block: hands the yielded values to the current `BlockBody`.
+extern "C" fn run_block_body(
+    _yielded: VALUE,
+    _callback_arg: VALUE,
+    argc: std::os::raw::c_int,
+    argv: *const VALUE,
+    _block_arg: VALUE,
+) -> VALUE {
+    let body = BLOCK_BODY.with(|b| b.get());
+    if !body.is_null() && !argv.is_null() && argc > 0 {
+        // SAFETY: the VM passes `argc` live VALUEs at `argv` for the duration of this call.
+        let args = unsafe { std::slice::from_raw_parts(argv, argc as usize) };
+        // SAFETY: a non-null BLOCK_BODY points at the `BlockBody` that `method_call_with_block`
+        // keeps on its stack until the method it calls has returned, and only this thread sees it.
+        let body = unsafe { &mut *(body as *mut BlockBody) };
+        // A panic must not unwind through the VM's frames; the body is then left unfinished,
+        // which its owner sees (it counts what it visited).
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(args)));
+    }
+    rb_sys::Qnil as VALUE
+}
+
+/// `method_call`, with a block that runs `body` on whatever is yielded to it. `body` must not
+/// raise, call back into Ruby, or allocate Ruby objects. Allocates one Proc.
+pub fn method_call_with_block<const N: usize>(
+    method: Value,
+    args: [Value; N],
+    mut body: impl FnMut(&[VALUE]),
+) -> Result<(), Error> {
+    let raw = args.map(|v| v.as_raw());
+    let argc = N as std::os::raw::c_int;
+    let mut body: BlockBody = &mut body;
+    let previous = BLOCK_BODY.with(|b| b.replace(&mut body as *mut BlockBody as *mut _));
+    // SAFETY: as in `method_call`. rb_proc_new makes a Proc whose body is `run_block_body`, a C
+    // function that neither raises nor unwinds; the Proc is on our stack (so marked) for the
+    // call. `body` stays on this stack frame until the call returns, after which the pointer to
+    // it is taken down again.
+    let result = magnus::rb_sys::protect(|| unsafe {
+        let block = rb_sys::rb_proc_new(Some(run_block_body), rb_sys::Qnil as VALUE);
+        let result = rb_sys::rb_method_call_with_block(argc, raw.as_ptr(), method.as_raw(), block);
+        std::hint::black_box(block);
+        result
+    });
+    BLOCK_BODY.with(|b| b.set(previous));
+    result.map(|_| ())
+}
+
 /// The builtin type of a heap object, `None` for immediates (Integer, Symbol, nil, ...).
 pub fn heap_type(raw: VALUE) -> Option<T> {
     let api = rb_sys::stable_api::get_default();

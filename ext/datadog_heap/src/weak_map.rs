@@ -17,8 +17,9 @@ use std::sync::OnceLock;
 use crate::shims;
 
 use magnus::{
+    rb_sys::FromRawValue,
     value::{Opaque, ReprValue},
-    Class, Error, Module, RClass, RModule, Ruby, Value,
+    Class, Error, Fixnum, Module, RClass, RModule, Ruby, Value,
 };
 
 struct WeakMapMethods {
@@ -27,6 +28,8 @@ struct WeakMapMethods {
     aref: Opaque<Value>,
     /// `bind_call` bound to `WeakMap#[]=`: called as (map, key, value).
     aset: Opaque<Value>,
+    /// `bind_call` bound to `WeakMap#each`: called as (map) with a block.
+    each: Opaque<Value>,
 }
 
 static METHODS: OnceLock<WeakMapMethods> = OnceLock::new();
@@ -43,12 +46,15 @@ pub fn init(ruby: &Ruby) -> Result<(), Error> {
     };
     let aref = bound("[]")?;
     let aset = bound("[]=")?;
+    let each = bound("each")?;
     ruby.gc_register_mark_object(aref);
     ruby.gc_register_mark_object(aset);
+    ruby.gc_register_mark_object(each);
     let _ = METHODS.set(WeakMapMethods {
         class: class.into(),
         aref: aref.into(),
         aset: aset.into(),
+        each: each.into(),
     });
     Ok(())
 }
@@ -85,4 +91,21 @@ pub fn get(ruby: &Ruby, map: Value, record_id: i64) -> Result<Option<Value>, Err
     let key = ruby.integer_from_i64(record_id).as_value();
     let found = shims::method_call(ruby.get_inner(m.aref), [map, key])?;
     Ok((!found.is_nil()).then_some(found))
+}
+
+/// Calls `visit(record_id, object)` for every entry whose object is alive (`WeakMap#each`, which
+/// skips collected ones). `visit` must not raise, call into Ruby, or allocate Ruby objects.
+/// Allocates one Proc.
+pub fn walk(ruby: &Ruby, map: Value, mut visit: impl FnMut(i64, Value)) -> Result<(), Error> {
+    let m = methods(ruby)?;
+    shims::method_call_with_block(ruby.get_inner(m.each), [map], |pair| {
+        if let [key, object, ..] = *pair {
+            // SAFETY: both came from the VM just now, yielded by WeakMap#each.
+            let (key, object) = unsafe { (Value::from_raw(key), Value::from_raw(object)) };
+            // Our keys are Fixnum record ids; anything else is not ours to look at.
+            if let Some(id) = Fixnum::from_value(key) {
+                visit(id.to_i64(), object);
+            }
+        }
+    })
 }
