@@ -152,6 +152,9 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       missing = File.join(dir, "missing.pb.gz")
       out, err, code = cli("report", missing)
       expect([out, err, code]).to eq(["", "datadog-heap: cannot read profile #{missing}: No such file or directory\n", 1])
+
+      out, err, code = cli("report", "")
+      expect([out, err, code]).to eq(["", "datadog-heap: path must not be empty\nRun `datadog-heap report --help` for usage.\n", 2])
     end
   end
 

@@ -417,6 +417,19 @@ RSpec.describe "bad input (fuzz)", :heavy do
 
   # Bugs the fuzz found once, fixed: each message names the argument and shows the value.
   describe "fixed bugs" do
+    it "error messages never run a user's inspect (it could walk a structure deep enough to abort Ruby 3.1)" do
+      inspected = 0
+      spy = Object.new
+      spy.define_singleton_method(:inspect) { inspected += 1; "spy" }
+      holder = Struct.new(:inner).new(spy)
+      [spy, holder, [spy], {spy => spy}].each do |value|
+        expect { DatadogHeap::Recorder.new(sample_every: value) }.to raise_error(TypeError, /\Asample_every must be an Integer, got /)
+      end
+      expect(inspected).to eq(0)
+      expect { DatadogHeap::Recorder.new(sample_every: [1..2, :a, "s", 2.5, nil]) }
+        .to raise_error(TypeError, 'sample_every must be an Integer, got [1..2, :a, "s", 2.5, nil] (Array)')
+    end
+
     it "Recorder.new and the setters reject a BasicObject with TypeError" do
       expect { DatadogHeap::Recorder.new(sample_every: BasicObject.new) }
         .to raise_error(TypeError, "sample_every must be an Integer, got #<BasicObject> (BasicObject)")

@@ -149,8 +149,16 @@ module DatadogHeap
       return EXIT_OK if parse(report_parser(options), argv, options)
       raise UsageError, "report needs one profile FILE, got #{argv.size} arguments" unless argv.size == 1
 
-      report(Profile.load(argv.first), options[:top], options[:by])
+      report(load_profile(argv.first), options[:top], options[:by])
       EXIT_OK
+    end
+
+    # A profile file named on the command line; a name that cannot be a path (empty, with a NUL)
+    # is the user's mistake, so a usage error rather than an internal one.
+    def load_profile(path)
+      Profile.load(path)
+    rescue ArgumentError => e
+      raise UsageError, e.message
     end
 
     def report(profile, top, by)
@@ -201,7 +209,7 @@ module DatadogHeap
       return EXIT_OK if parse(diff_parser(options), argv, options)
       raise UsageError, "diff needs two profiles, OLD and NEW, got #{argv.size} arguments" unless argv.size == 2
 
-      old, new = argv.map { |path| Profile.load(path) }
+      old, new = argv.map { |path| load_profile(path) }
       diff(old, new, options[:top])
       EXIT_OK
     end

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "pathname"
+
 module DatadogHeap
   # Records sampled allocations and keeps watching the objects while they live. See README.md.
   #
@@ -124,8 +126,8 @@ module DatadogHeap
   # The value may be anything, hostile included: a BasicObject (no methods at all), an object
   # whose inspect, ==, is_a? or respond_to? raises or lies, an array nested 100k deep. So types are
   # checked with Module#=== (which asks the VM, not the value), the class is read with Kernel#class
-  # bound to the value, and a value is shown with its own inspect only when it has one that
-  # returns a String without raising; arrays and hashes are shown a few levels deep by hand.
+  # bound to the value, core scalars are shown with their class's own inspect (bound), arrays and
+  # hashes a few levels deep by hand, and anything else by its class name alone.
   module Validate
     KERNEL_CLASS = Kernel.instance_method(:class)
     KERNEL_RESPOND_TO = Kernel.instance_method(:respond_to?)
@@ -135,6 +137,9 @@ module DatadogHeap
     ARRAY_FIRST = Array.instance_method(:first)
     HASH_SIZE = Hash.instance_method(:size)
     HASH_EACH_PAIR = Hash.instance_method(:each_pair)
+    RANGE_BEGIN = Range.instance_method(:begin)
+    RANGE_END = Range.instance_method(:end)
+    RANGE_EXCLUDE_END = Range.instance_method(:exclude_end?)
     # Longest text shown for one value, in characters.
     SHOWN_LENGTH = 200
     # How deep into arrays and hashes, and how many of their elements, a value is shown.
@@ -250,13 +255,31 @@ module DatadogHeap
       "{#{shown.join(", ")}}"
     end
 
-    # value.inspect when it returns a String, as valid UTF-8; `#<ClassName>` when it raises
-    # (recursing too deep included) or returns something else.
+    # The inspect of a value whose exact class is one of these core classes: their own inspect
+    # method, bound, so neither a subclass nor a redefinition runs.
+    CORE_INSPECT = [String, Symbol, Integer, Float, Rational, Complex, NilClass, TrueClass, FalseClass,
+      Range, Module, Class, Encoding, IO, File, Pathname].to_h { |klass| [klass, klass.instance_method(:inspect)] }.freeze
+
+    # A core scalar shown by its class's own inspect (a Range is shown only when both ends are
+    # scalars), as valid UTF-8; anything else as `#<ClassName>`. No user inspect runs: one could
+    # raise, lie, or walk a structure nested deep enough for Ruby 3.1 to abort if a GC starts there.
     def own_inspect(value)
-      text = value.inspect
-      String === text ? utf8(String.new(text)) : "#<#{class_name(value)}>"
+      klass = KERNEL_CLASS.bind_call(value)
+      inspect = CORE_INSPECT[klass]
+      return "#<#{class_name(value)}>" unless inspect
+      return show_range(value) if klass == Range
+
+      utf8(String.new(inspect.bind_call(value)))
     rescue *INSPECT_FAILURES
       "#<#{class_name(value)}>"
+    end
+
+    def show_range(range)
+      ends = [RANGE_BEGIN.bind_call(range), RANGE_END.bind_call(range)]
+      return "#<Range>" unless ends.all? { |e| CORE_INSPECT.key?(KERNEL_CLASS.bind_call(e)) && !(Range === e) }
+
+      "#{own_inspect(ends[0]) unless ends[0].nil?}#{RANGE_EXCLUDE_END.bind_call(range) ? "..." : ".."}" \
+        "#{own_inspect(ends[1]) unless ends[1].nil?}"
     end
 
     # The real class's name (Kernel#class and Module#name bound, so neither can be redefined);
