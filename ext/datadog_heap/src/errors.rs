@@ -54,6 +54,17 @@ pub fn to_ruby(ruby: &Ruby, err: HeapError) -> Error {
     }
 }
 
+/// `result.or_raise(ruby)`: a core result as a Ruby one, its error mapped by [`to_ruby`].
+pub trait OrRaise<T> {
+    fn or_raise(self, ruby: &Ruby) -> Result<T, Error>;
+}
+
+impl<T> OrRaise<T> for datadog_heap_core::Result<T> {
+    fn or_raise(self, ruby: &Ruby) -> Result<T, Error> {
+        self.map_err(|e| to_ruby(ruby, e))
+    }
+}
+
 /// Runs a native method body, turning a panic into `DatadogHeap::Error` so it never unwinds
 /// into the VM. Every method this crate defines goes through it.
 ///

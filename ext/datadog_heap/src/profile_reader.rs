@@ -21,7 +21,7 @@ use magnus::{
     IntoValue, RArray, RClass, RHash, RModule, RString, Ruby, TypedData,
 };
 
-use crate::errors::{arg_error, guarded, heap_error, to_ruby};
+use crate::errors::{arg_error, guarded, heap_error, OrRaise};
 
 #[derive(TypedData)]
 #[magnus(class = "DatadogHeap::Profile", free_immediately, size)]
@@ -117,7 +117,7 @@ impl Profile {
         guarded(ruby, || {
             // SAFETY: the slice is copied before any other Ruby call could move or change `bytes`.
             let bytes = unsafe { bytes.as_slice() }.to_vec();
-            let data = read_profile(&bytes).map_err(|e| to_ruby(ruby, e))?;
+            let data = read_profile(&bytes).or_raise(ruby)?;
             drop(bytes);
             if data.sample_types.is_empty() {
                 // Arbitrary bytes can happen to decode as a protobuf; a profile always says what

@@ -20,7 +20,7 @@ use magnus::{
 };
 use rb_sys::VALUE;
 
-use crate::errors::{arg_error, guarded, heap_error, type_error};
+use crate::errors::{arg_error, guarded, heap_error, type_error, OrRaise};
 use crate::ruby_vm::RubyVm;
 use crate::sampler::{self, SamplerState};
 use crate::{postponed, registry, shims, weak_map};
@@ -324,7 +324,7 @@ impl Recorder {
                     &raw_frames,
                     shims::gc_count(),
                 )
-                .map_err(|e| crate::errors::to_ruby(ruby, e))?;
+                .or_raise(ruby)?;
             if recorded.needs_commit && rb_self.postponed_commits.get() {
                 postponed::request_commit();
             }
@@ -370,7 +370,7 @@ impl Recorder {
             // leave the recorder stuck mid-iteration.
             let named = name_live_objects(&snapshot);
             let finished = rb_self.end_iteration(ruby);
-            let named = named.map_err(|e| crate::errors::to_ruby(ruby, e))?;
+            let named = named.or_raise(ruby)?;
             finished?;
             drop(snapshot);
             for (object, frames, class) in named {
@@ -409,7 +409,7 @@ impl Recorder {
             });
             let finished = rb_self.end_iteration(ruby);
             let encoded = match encoded {
-                Some(result) => result.map_err(|e| crate::errors::to_ruby(ruby, e))?,
+                Some(result) => result.or_raise(ruby)?,
                 None => {
                     return Err(heap_error(
                         ruby,
@@ -424,10 +424,7 @@ impl Recorder {
 
     fn stats(ruby: &Ruby, rb_self: &Self) -> Result<RHash, Error> {
         guarded(ruby, || {
-            let stats = rb_self
-                .core
-                .stats()
-                .map_err(|e| crate::errors::to_ruby(ruby, e))?;
+            let stats = rb_self.core.stats().or_raise(ruby)?;
             let hash = ruby.hash_new();
             for (key, value) in stats.entries() {
                 let value = match value {
@@ -464,22 +461,12 @@ impl Recorder {
     }
 
     fn after_fork(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
-        guarded(ruby, || {
-            rb_self
-                .core
-                .after_fork()
-                .map_err(|e| crate::errors::to_ruby(ruby, e))
-        })
+        guarded(ruby, || rb_self.core.after_fork().or_raise(ruby))
     }
 
     /// `debug` -> `[[:records, [String, ...]], [:state, stats]]`.
     fn debug(ruby: &Ruby, rb_self: &Self) -> Result<RArray, Error> {
-        let lines = guarded(ruby, || {
-            rb_self
-                .core
-                .debug_lines()
-                .map_err(|e| crate::errors::to_ruby(ruby, e))
-        })?;
+        let lines = guarded(ruby, || rb_self.core.debug_lines().or_raise(ruby))?;
         let stats = Self::stats(ruby, rb_self)?;
         let records = ruby.ary_from_vec(lines);
         let records =
@@ -492,10 +479,7 @@ impl Recorder {
     /// `record_id_for(obj)` -> the id under which `obj` is tracked, or nil.
     fn record_id_for(ruby: &Ruby, rb_self: &Self, object: Value) -> Result<Option<i64>, Error> {
         guarded(ruby, || {
-            let ids = rb_self
-                .core
-                .record_ids()
-                .map_err(|e| crate::errors::to_ruby(ruby, e))?;
+            let ids = rb_self.core.record_ids().or_raise(ruby)?;
             let map = rb_self.weak_map(ruby);
             for id in ids {
                 if let Some(found) = weak_map::get(ruby, map, id)? {
@@ -511,77 +495,46 @@ impl Recorder {
     fn is_recorded(ruby: &Ruby, rb_self: &Self, record_id: Value) -> Result<bool, Error> {
         guarded(ruby, || {
             let id = integer_arg(ruby, "record_id", record_id)?;
-            rb_self
-                .core
-                .is_recorded(id)
-                .map_err(|e| crate::errors::to_ruby(ruby, e))
+            rb_self.core.is_recorded(id).or_raise(ruby)
         })
     }
 
     fn exhaust_record_ids(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
-        guarded(ruby, || {
-            rb_self
-                .core
-                .exhaust_record_ids()
-                .map_err(|e| crate::errors::to_ruby(ruby, e))
-        })
+        guarded(ruby, || rb_self.core.exhaust_record_ids().or_raise(ruby))
     }
 
     fn reset_last_update(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
-        guarded(ruby, || {
-            rb_self
-                .core
-                .reset_last_update()
-                .map_err(|e| crate::errors::to_ruby(ruby, e))
-        })
+        guarded(ruby, || rb_self.core.reset_last_update().or_raise(ruby))
     }
 
     fn sample_rate(ruby: &Ruby, rb_self: &Self) -> Result<u32, Error> {
         guarded(ruby, || {
-            Ok(rb_self
-                .core
-                .options()
-                .map_err(|e| crate::errors::to_ruby(ruby, e))?
-                .sample_rate)
+            Ok(rb_self.core.options().or_raise(ruby)?.sample_rate)
         })
     }
 
     fn set_sample_rate(ruby: &Ruby, rb_self: &Self, rate: u64) -> Result<(), Error> {
         guarded(ruby, || {
             let rate = u32_arg(ruby, "sample_rate", rate)?;
-            rb_self
-                .core
-                .set_sample_rate(rate)
-                .map_err(|e| crate::errors::to_ruby(ruby, e))
+            rb_self.core.set_sample_rate(rate).or_raise(ruby)
         })
     }
 
     fn size_enabled(ruby: &Ruby, rb_self: &Self) -> Result<bool, Error> {
         guarded(ruby, || {
-            Ok(rb_self
-                .core
-                .options()
-                .map_err(|e| crate::errors::to_ruby(ruby, e))?
-                .size_enabled)
+            Ok(rb_self.core.options().or_raise(ruby)?.size_enabled)
         })
     }
 
     fn set_size_enabled(ruby: &Ruby, rb_self: &Self, enabled: bool) -> Result<(), Error> {
         guarded(ruby, || {
-            rb_self
-                .core
-                .set_size_enabled(enabled)
-                .map_err(|e| crate::errors::to_ruby(ruby, e))
+            rb_self.core.set_size_enabled(enabled).or_raise(ruby)
         })
     }
 
     fn max_tracked_objects(ruby: &Ruby, rb_self: &Self) -> Result<usize, Error> {
         guarded(ruby, || {
-            Ok(rb_self
-                .core
-                .options()
-                .map_err(|e| crate::errors::to_ruby(ruby, e))?
-                .max_tracked_objects)
+            Ok(rb_self.core.options().or_raise(ruby)?.max_tracked_objects)
         })
     }
 
