@@ -79,26 +79,47 @@ extern "C" fn run_block_body(
     rb_sys::Qnil as VALUE
 }
 
+/// The Proc every `method_call_with_block` passes: made once (at load), so calls allocate nothing.
+static BLOCK_PROC: std::sync::OnceLock<magnus::value::Opaque<Value>> = std::sync::OnceLock::new();
+
+/// Makes the shared block Proc. Called once at load, with the GVL; allocates.
+pub fn init_block_proc(ruby: &magnus::Ruby) -> Result<(), Error> {
+    // SAFETY: rb_proc_new only allocates a Proc around `run_block_body` (a C function that never
+    // raises or unwinds); protect catches a NoMemoryError.
+    let raw = magnus::rb_sys::protect(|| unsafe {
+        rb_sys::rb_proc_new(Some(run_block_body), rb_sys::Qnil as VALUE)
+    })?;
+    // SAFETY: a VALUE the VM just returned.
+    let block = unsafe { Value::from_raw(raw) };
+    ruby.gc_register_mark_object(block);
+    let _ = BLOCK_PROC.set(block.into());
+    Ok(())
+}
+
 /// `method_call`, with a block that runs `body` on whatever is yielded to it. `body` must not
-/// raise, call back into Ruby, or allocate Ruby objects. Allocates one Proc.
+/// raise, call back into Ruby, or allocate Ruby objects. Allocates nothing itself.
 pub fn method_call_with_block<const N: usize>(
+    ruby: &magnus::Ruby,
     method: Value,
     args: [Value; N],
     mut body: impl FnMut(&[VALUE]),
 ) -> Result<(), Error> {
+    let Some(block) = BLOCK_PROC.get() else {
+        return Err(crate::errors::heap_error(
+            ruby,
+            "datadog_heap: block Proc not made at load",
+        ));
+    };
+    let block = ruby.get_inner(*block).as_raw();
     let raw = args.map(|v| v.as_raw());
     let argc = N as std::os::raw::c_int;
     let mut body: BlockBody = &mut body;
     let previous = BLOCK_BODY.with(|b| b.replace(&mut body as *mut BlockBody as *mut _));
-    // SAFETY: as in `method_call`. rb_proc_new makes a Proc whose body is `run_block_body`, a C
-    // function that neither raises nor unwinds; the Proc is on our stack (so marked) for the
-    // call. `body` stays on this stack frame until the call returns, after which the pointer to
-    // it is taken down again.
+    // SAFETY: as in `method_call`; `block` is the Proc made at load, registered as a mark object.
+    // `body` stays on this stack frame until the call returns, after which the pointer to it is
+    // taken down again, so `run_block_body` never sees it dangling.
     let result = magnus::rb_sys::protect(|| unsafe {
-        let block = rb_sys::rb_proc_new(Some(run_block_body), rb_sys::Qnil as VALUE);
-        let result = rb_sys::rb_method_call_with_block(argc, raw.as_ptr(), method.as_raw(), block);
-        std::hint::black_box(block);
-        result
+        rb_sys::rb_method_call_with_block(argc, raw.as_ptr(), method.as_raw(), block)
     });
     BLOCK_BODY.with(|b| b.set(previous));
     result.map(|_| ())

@@ -50,6 +50,7 @@ pub fn init(ruby: &Ruby) -> Result<(), Error> {
     ruby.gc_register_mark_object(aref);
     ruby.gc_register_mark_object(aset);
     ruby.gc_register_mark_object(each);
+    shims::init_block_proc(ruby)?;
     let _ = METHODS.set(WeakMapMethods {
         class: class.into(),
         aref: aref.into(),
@@ -95,10 +96,10 @@ pub fn get(ruby: &Ruby, map: Value, record_id: i64) -> Result<Option<Value>, Err
 
 /// Calls `visit(record_id, object)` for every entry whose object is alive (`WeakMap#each`, which
 /// skips collected ones). `visit` must not raise, call into Ruby, or allocate Ruby objects.
-/// Allocates one Proc.
+/// Allocates nothing.
 pub fn walk(ruby: &Ruby, map: Value, mut visit: impl FnMut(i64, Value)) -> Result<(), Error> {
     let m = methods(ruby)?;
-    shims::method_call_with_block(ruby.get_inner(m.each), [map], |pair| {
+    shims::method_call_with_block(ruby, ruby.get_inner(m.each), [map], |pair| {
         if let [key, object, ..] = *pair {
             // SAFETY: both came from the VM just now, yielded by WeakMap#each.
             let (key, object) = unsafe { (Value::from_raw(key), Value::from_raw(object)) };
