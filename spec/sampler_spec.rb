@@ -110,6 +110,9 @@ RSpec.describe "built-in allocation sampler" do
     @rec = sampled_recorder
     DatadogHeap::Testing._native_set_postponed_commits(@rec, false)
     @rec.start
+    # A young update now holds the next one off for 2 s: the GC-end job's updates (which may
+    # allocate, as jobs may) stay out of the count even when GC_STRESS runs a GC per allocation.
+    @rec.update_young_objects
     # The queue fills at 256 and the rest are skipped, but every one goes through the hook.
     sampled = loop_allocs.call
     @rec.stop
@@ -149,7 +152,9 @@ RSpec.describe "built-in allocation sampler" do
     # retained Struct is either tracked or accounted for by a skip counter.
     skipped = stats.values_at(:lifetime_recordings_skipped_locked, :lifetime_deferred_recordings_skipped_buffer_full,
       :lifetime_recordings_skipped_storage_busy, :sampler_skipped_reentrant).sum
-    expect(tracked).to be <= 80
+    # (A Kept that a thread made and dropped may still be seen by the conservative stack scan;
+    # GC_STRESS moves such leftovers around, so allow a couple.)
+    expect(tracked).to be <= 82
     expect(tracked + skipped).to be >= 80
     expect(tracked).to be > 0
     expect(kept.size).to eq(80)
