@@ -881,3 +881,45 @@ fn a_failed_walk_releases_the_lock_and_drops_nothing() {
     let last = full_update(&rec, &mut vm);
     assert_eq!((last.objects_alive, last.objects_dead), (3, 1));
 }
+
+#[test]
+fn at_max_tracked_objects_a_young_update_walks_to_make_room() {
+    let rec = HeapRecorder::new(RecorderOptions {
+        max_tracked_objects: 21,
+        ..RecorderOptions::default()
+    });
+    let mut vm = FakeVm::new();
+    vm.walk_enabled = true;
+    let old: Vec<_> = (0..20).map(|i| record(&rec, &mut vm, "old", i)).collect();
+    rec.commit(&mut vm).unwrap();
+    for _ in 0..OLD_AGE {
+        vm.gc();
+    }
+    record(&rec, &mut vm, "young", 1);
+    rec.commit(&mut vm).unwrap();
+    let refused = vm.alloc(8);
+    let r = rec
+        .record_allocation(refused, 1, None, &frames("late", 1), vm.gc)
+        .unwrap();
+    assert_eq!(r.outcome, RecordOutcome::SkippedMaxTracked);
+    vm.gc();
+    old.iter().take(10).for_each(|&o| vm.kill(o));
+    // One young object among 21: lookups would be chosen, and the 10 old dead would stay.
+    let UpdateOutcome::Done(last) = rec.update(&mut vm, UpdateKind::Young).unwrap() else {
+        panic!("young update did not run")
+    };
+    assert_eq!(vm.walks, 1);
+    assert_eq!(last.objects_dead, 10);
+    assert_eq!(
+        record_outcome(&rec, &mut vm),
+        RecordOutcome::Pending,
+        "room again"
+    );
+}
+
+fn record_outcome(rec: &HeapRecorder, vm: &mut FakeVm) -> RecordOutcome {
+    let obj = vm.alloc(8);
+    rec.record_allocation(obj, 1, None, &frames("again", 1), vm.gc)
+        .unwrap()
+        .outcome
+}

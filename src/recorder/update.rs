@@ -51,7 +51,7 @@ impl HeapRecorder {
     }
 
     fn update_locked(&self, vm: &mut dyn Vm, full: bool) -> Result<UpdateOutcome> {
-        let (size_enabled, update_gen, now, visits, total) = {
+        let (size_enabled, update_gen, now, visits, total, full_up) = {
             let mut state = self.state()?;
             if state.iterating {
                 // Records must stay as the snapshot saw them until the iteration finishes.
@@ -83,12 +83,15 @@ impl HeapRecorder {
                     .filter(|r| young(gc.saturating_sub(r.data.alloc_gen)))
                     .count()
             };
-            (state.options.size_enabled, gc, now, visits, total)
+            let full_up = total + state.pending.len() >= state.options.max_tracked_objects;
+            (state.options.size_enabled, gc, now, visits, total, full_up)
         };
 
         // A walk of the whole table costs about what a few one-by-one lookups do per object, and it
-        // also finds old objects that died, which lookups of young ones leave to a full update.
-        let walk = visits.saturating_mul(LOOKUPS_PER_WALKED_OBJECT) >= total;
+        // also finds old objects that died, which lookups of young ones leave to a full update:
+        // so walk when many are visited, and whenever max_tracked_objects is reached, since then
+        // every dead record dropped makes room for a new recording.
+        let walk = full_up || visits.saturating_mul(LOOKUPS_PER_WALKED_OBJECT) >= total;
         let any_dead = match walk {
             true => self.update_by_walk(vm, full, update_gen, size_enabled)?,
             false => None,
