@@ -26,6 +26,11 @@ use crate::stack::{RawFrame, Stack};
 /// Slots in a recorder's stack cache (a power of two).
 pub const STACK_CACHE_SLOTS: usize = 512;
 
+/// Longest key kept. Deeper captures are not cached (always named), so the key buffers stay
+/// under slots x 1024 x 12 bytes (6 MiB) however deep the program recurses; typical stacks of
+/// tens to a few hundred frames take a small fraction of that.
+pub const STACK_CACHE_MAX_KEY_FRAMES: usize = 1024;
+
 /// The raw identity of one captured stack. Equal keys in one epoch must resolve to equal frames.
 #[derive(Debug, Clone, Copy)]
 pub struct RawStackKey<'a> {
@@ -44,9 +49,10 @@ impl RawStackKey<'_> {
         let mut h = FxHasher::default();
         h.write_u64(self.salt);
         h.write_usize(self.frames.len());
+        // One word per frame: handles are addresses (below 2^48 on the platforms Ruby runs
+        // on), so a line in the top 16 bits rarely collides; a collision only shares a slot.
         for (&frame, &line) in self.frames.iter().zip(self.lines) {
-            h.write_u64(frame);
-            h.write_i32(line);
+            h.write_u64(frame ^ u64::from(line as u32).rotate_right(16));
         }
         h.finish()
     }
@@ -145,10 +151,17 @@ impl StackCache {
         Some(hash.checked_shr(self.shift).unwrap_or(0) as usize)
     }
 
+    /// Whether `key` can be cached at all.
+    fn accepts(&self, key: &RawStackKey<'_>) -> bool {
+        self.enabled
+            && key.frames.len() == key.lines.len()
+            && key.frames.len() <= STACK_CACHE_MAX_KEY_FRAMES
+    }
+
     /// The stack last stored for `key`, if any (the caller still checks that it is live).
     /// Never allocates.
     pub fn get(&self, key: &RawStackKey<'_>) -> Option<&Stack> {
-        if !self.enabled || key.frames.len() != key.lines.len() {
+        if !self.accepts(key) {
             return None;
         }
         let hash = key.hash();
@@ -163,7 +176,7 @@ impl StackCache {
     /// Stores `stack` for `key`, replacing what its slot held. Allocates only to grow the slot's
     /// buffers.
     pub fn insert(&mut self, key: &RawStackKey<'_>, stack: &Stack) {
-        if !self.enabled || key.frames.len() != key.lines.len() {
+        if !self.accepts(key) {
             return;
         }
         let hash = key.hash();
@@ -312,6 +325,17 @@ mod tests {
         let mut cache = StackCache::with_slots(STACK_CACHE_SLOTS);
         cache.insert(&key(&[10, 20], &[1], 0), &stack(1));
         assert!(cache.get(&key(&[10, 20], &[1], 0)).is_none());
+    }
+
+    #[test]
+    fn keys_past_the_length_cap_are_never_cached() {
+        let mut cache = StackCache::with_slots(STACK_CACHE_SLOTS);
+        let n = STACK_CACHE_MAX_KEY_FRAMES;
+        let (frames, lines) = (vec![7u64; n + 1], vec![1i32; n + 1]);
+        cache.insert(&key(&frames, &lines, 0), &stack(1));
+        assert!(cache.get(&key(&frames, &lines, 0)).is_none());
+        cache.insert(&key(&frames[..n], &lines[..n], 0), &stack(1));
+        assert!(cache.get(&key(&frames[..n], &lines[..n], 0)).is_some());
     }
 
     #[test]
