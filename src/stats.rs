@@ -35,7 +35,8 @@ pub struct Lifetime {
     pub updates_skipped_iterating: u64,
     /// Sampled stacks found in the stack cache (named and interned no more).
     pub stack_cache_hits: u64,
-    /// Sampled stacks looked up in the stack cache and not found there (or no longer live).
+    /// Sampled stacks looked up in the stack cache and named instead: not there, no longer a
+    /// heap record, or deeper than the cache keeps (1024 frames).
     pub stack_cache_misses: u64,
 }
 
