@@ -93,6 +93,8 @@ rows = VARIANTS.map do |v|
   stats = res[v].map { |r| r[:stats] }.compact
   samples = stats.empty? ? nil : stats.sum { |s| s[:sampler_samples_recorded] } / stats.size
   in_hook = stats.empty? ? nil : stats.sum { |s| s[:sampler_time_ns_total] } / 1e9 / stats.size
+  hits = stats.sum { |s| s[:lifetime_stack_cache_hits] }
+  lookups = hits + stats.sum { |s| s[:lifetime_stack_cache_misses] }
   label = case v
           when :base then "no recorder"
           when :empty_hook then "empty NEWOBJ hook (VM floor)"
@@ -100,6 +102,7 @@ rows = VARIANTS.map do |v|
           else "sample_every #{v}"
           end
   [label, format("%.3f s", Bench.median(res[v].map { |r| r[:seconds] })), v == :base ? "" : Bench.percent(ratio - 1),
-    samples || "", in_hook ? Bench.percent(in_hook / base) : ""]
+    samples || "", in_hook ? Bench.percent(in_hook / base) : "",
+    lookups.zero? ? "" : format("%.0f%%", 100.0 * hits / lookups)]
 end
-Bench.table(["variant", "median run (CPU)", "overhead", "samples/run", "in-hook time / run"], rows)
+Bench.table(["variant", "median run (CPU)", "overhead", "samples/run", "in-hook time / run", "stack cache hits"], rows)

@@ -109,11 +109,14 @@ while di < DEPTHS.size
   in_hook = sum.call(:sampler_time_ns_total).to_f / [recorded, 1].max
   seen = results[:on].map { |x| x[2] }.compact.max
   per_sample = (on - floor) * 1e9 / n
+  hits = sum.call(:lifetime_stack_cache_hits)
+  lookups = hits + sum.call(:lifetime_stack_cache_misses)
   rows << [depth, seen || "?", Bench.ns(floor * 1e9 / n), Bench.ns(on * 1e9 / n), Bench.ns(per_sample),
-    Bench.ns(in_hook), Bench.ns(per_sample - in_hook), format("%.2f%%", 100.0 * lost / [recorded + lost, 1].max)]
+    Bench.ns(in_hook), Bench.ns(per_sample - in_hook), format("%.2f%%", 100.0 * lost / [recorded + lost, 1].max),
+    format("%.1f%%", 100.0 * hits / [lookups, 1].max)]
 end
 Bench.table(["depth", "frames recorded", "floor per alloc", "sampled per alloc", "per sample (all in)",
-  "in the hook", "commit + WeakMap + GC", "samples not recorded"], rows)
+  "in the hook", "commit + WeakMap + GC", "samples not recorded", "stack cache hits"], rows)
 
 # Commit cost per recording: batches of 256 recordings committed by an explicit `commit`.
 rec = DatadogHeap::Recorder.new(sample_every: 1)

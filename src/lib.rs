@@ -10,6 +10,7 @@ pub mod lock;
 pub mod pprof;
 pub mod recorder;
 pub mod stack;
+pub mod stack_cache;
 pub mod stats;
 pub mod strings;
 pub mod vm;
@@ -28,5 +29,6 @@ pub use recorder::{
     MAX_PENDING_RECORDINGS,
 };
 pub use stack::{Frame, RawFrame, Stack};
+pub use stack_cache::{FrameSource, RawStackKey, STACK_CACHE_SLOTS};
 pub use stats::{StatValue, Stats};
 pub use vm::{LiveInfo, ObjectRef, Probe, Vm, WalkVisitor};

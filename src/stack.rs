@@ -1,8 +1,9 @@
 //! Stacks and heap records: each distinct allocation stack is kept once, with the number of
 //! tracked objects (pending or committed) that were allocated there.
 
+use std::cell::Cell;
 use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::Arc;
 
 use rustc_hash::FxHasher;
@@ -11,11 +12,21 @@ use crate::error::{HeapError, Result, MAX_FRAMES_LIMIT};
 use crate::strings::{Batch, StringId};
 
 /// One frame of an allocation stack, as ids into the recorder's string storage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Frame {
     pub name: StringId,
     pub filename: StringId,
     pub line: i32,
+}
+
+/// One word per frame instead of three: a stack is hashed on every sample that finds its heap
+/// record, and Fx's cost is one multiply per word. Equal frames give equal words; frames that
+/// share a word (ids or lines past 2^20 overlapping) only share a hash bucket.
+impl Hash for Frame {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        let ids = (u64::from(self.name) << 32) | u64::from(self.filename);
+        state.write_u64(ids ^ (u64::from(self.line as u32) << 20));
+    }
 }
 
 /// A frame as the caller hands it in, before interning.
@@ -35,7 +46,9 @@ type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 /// The set of heap records: stack -> number of tracked objects pointing at it.
 #[derive(Default)]
 pub struct HeapRecords {
-    records: FxMap<Stack, u32>,
+    /// A `Cell` so that `acquire_existing` can raise a count in the same lookup that finds the
+    /// record's key.
+    records: FxMap<Stack, Cell<u32>>,
     /// Scratch buffer reused by every `acquire`, so a lookup of an existing stack allocates nothing.
     scratch: Vec<Frame>,
 }
@@ -51,11 +64,11 @@ impl HeapRecords {
 
     /// Number of objects that point at `stack` (0 when it is not recorded).
     pub fn count(&self, stack: &[Frame]) -> u32 {
-        self.records.get(stack).copied().unwrap_or(0)
+        self.records.get(stack).map_or(0, Cell::get)
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&Stack, u32)> {
-        self.records.iter().map(|(s, c)| (s, *c))
+        self.records.iter().map(|(s, c)| (s, c.get()))
     }
 
     /// Interns `frames` in one batch and returns the heap record for them with its count raised
@@ -95,20 +108,41 @@ impl HeapRecords {
         }
 
         if let Some((stack, count)) = self.records.get_key_value(self.scratch.as_slice()) {
-            let (stack, count) = (stack.clone(), *count);
             // The existing record already holds its own references; give back ours first, so a
             // count overflow below leaves the storage as it was.
             release_ids(strings, &self.scratch);
             let next = count
+                .get()
                 .checked_add(1)
-                .ok_or(HeapError::TooManyObjectsForStack { count })?;
-            self.records.insert(stack.clone(), next);
-            return Ok(stack);
+                .ok_or(HeapError::TooManyObjectsForStack { count: count.get() })?;
+            count.set(next);
+            return Ok(stack.clone());
         }
 
         let stack: Stack = Arc::from(self.scratch.as_slice());
-        self.records.insert(stack.clone(), 1);
+        self.records.insert(stack.clone(), Cell::new(1));
         Ok(stack)
+    }
+
+    /// Raises by one the count of `stack` if that very stack (not merely an equal one) is still a
+    /// heap record, and says whether it was. A stack that stopped being a record may have given
+    /// back its string ids, which may since name other strings, so only the live original is
+    /// trusted. Interns nothing; never allocates. Fails (changing nothing) at the count limit.
+    pub fn acquire_existing(&mut self, stack: &Stack) -> Result<bool> {
+        // One lookup: the count is a Cell, so it can be raised through the shared borrow that
+        // also hands out the record's own Arc to compare with.
+        let Some((record, count)) = self.records.get_key_value(&**stack) else {
+            return Ok(false);
+        };
+        if !Arc::ptr_eq(record, stack) {
+            return Ok(false);
+        }
+        let next = count
+            .get()
+            .checked_add(1)
+            .ok_or(HeapError::TooManyObjectsForStack { count: count.get() })?;
+        count.set(next);
+        Ok(true)
     }
 
     /// Drops one object's claim on `stack`; the last claim removes the record and gives back all
@@ -119,17 +153,26 @@ impl HeapRecords {
                 "released a stack that has no heap record".into(),
             ));
         };
-        *count -= 1;
-        if *count == 0 {
+        let left = count.get() - 1;
+        count.set(left);
+        if left == 0 {
             self.records.remove(&**stack);
             release_ids(strings, stack);
         }
         Ok(())
     }
 
+    /// Test aid: sets the count of a recorded stack.
+    #[cfg(test)]
+    pub(crate) fn set_count_for_test(&self, stack: &[Frame], count: u32) {
+        if let Some(c) = self.records.get(stack) {
+            c.set(count);
+        }
+    }
+
     /// Approximate heap bytes held (tables and stacks), for `ObjectSpace.memsize_of`.
     pub fn memsize(&self) -> usize {
-        let table = self.records.capacity() * (std::mem::size_of::<(Stack, u32)>() + 1);
+        let table = self.records.capacity() * (std::mem::size_of::<(Stack, Cell<u32>)>() + 1);
         let stacks: usize = self
             .records
             .keys()
@@ -233,7 +276,7 @@ mod tests {
         let mut records = HeapRecords::default();
         let frames = raw(&[("a", "x.rb", 1)]);
         let s = records.acquire(&mut b, &frames).unwrap();
-        *records.records.get_mut(&*s).unwrap() = u32::MAX;
+        records.records[&*s].set(u32::MAX);
         let err = records.acquire(&mut b, &frames).unwrap_err();
         assert!(matches!(err, HeapError::TooManyObjectsForStack { .. }));
         assert_eq!(records.count(&s), u32::MAX);

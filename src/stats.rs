@@ -33,6 +33,11 @@ pub struct Lifetime {
     pub recordings_failed: u64,
     pub commits_skipped_locked: u64,
     pub updates_skipped_iterating: u64,
+    /// Sampled stacks found in the stack cache (named and interned no more).
+    pub stack_cache_hits: u64,
+    /// Sampled stacks looked up in the stack cache and named instead: not there, no longer a
+    /// heap record, or deeper than the cache keeps (1024 frames).
+    pub stack_cache_misses: u64,
 }
 
 impl Lifetime {
@@ -150,6 +155,8 @@ impl Stats {
                 "lifetime_updates_skipped_iterating",
                 C(l.updates_skipped_iterating),
             ),
+            ("lifetime_stack_cache_hits", C(l.stack_cache_hits)),
+            ("lifetime_stack_cache_misses", C(l.stack_cache_misses)),
             ("interned_string_refs", C(self.string_refs)),
         ]
     }

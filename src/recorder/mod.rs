@@ -19,8 +19,9 @@ use rustc_hash::FxHasher;
 use crate::error::{HeapError, Result, FIXNUM_MAX};
 use crate::lock::{LockGuard, SoftLock};
 use crate::stack::{Frame, HeapRecords, RawFrame, Stack};
+use crate::stack_cache::{FrameSource, StackCache};
 use crate::stats::{LastUpdate, Lifetime, Stats};
-use crate::strings::{StringId, Strings};
+use crate::strings::{Batch, StringId, Strings};
 use crate::vm::{ObjectRef, Vm};
 
 pub use iteration::{LiveObject, Snapshot};
@@ -124,6 +125,8 @@ type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 pub(crate) struct State {
     options: RecorderOptions,
     heap_records: HeapRecords,
+    /// Raw stack key -> a stack in `heap_records`; holds no reference (see stack_cache.rs).
+    stack_cache: StackCache,
     object_records: FxMap<i64, ObjectRecord>,
     pending: Vec<PendingRecording>,
     next_record_id: i64,
@@ -161,6 +164,38 @@ fn refs_of(stack: &[Frame]) -> u64 {
         .sum()
 }
 
+/// The heap record for `source`'s stack with its count raised by one, and whether the record is
+/// new. A cache hit raises the count of the cached stack, interning nothing; a miss (or a cached
+/// stack that is no longer a record) names the frames, acquires them, and caches the result.
+fn acquire_stack<S: FrameSource + ?Sized>(
+    state: &mut State,
+    strings: &mut Batch<'_>,
+    source: &S,
+) -> Result<(Stack, bool)> {
+    let State {
+        heap_records,
+        stack_cache,
+        lifetime,
+        ..
+    } = state;
+    let key = source.key().filter(|_| stack_cache.is_active());
+    if let Some(key) = &key {
+        if let Some(stack) = stack_cache.get(key) {
+            if heap_records.acquire_existing(stack)? {
+                lifetime.stack_cache_hits += 1;
+                return Ok((stack.clone(), false));
+            }
+        }
+        lifetime.stack_cache_misses += 1;
+    }
+    let stack = source.with_frames(&mut |frames| heap_records.acquire(strings, frames))?;
+    if let Some(key) = &key {
+        stack_cache.insert(key, &stack);
+    }
+    let fresh = heap_records.count(&stack) == 1;
+    Ok((stack, fresh))
+}
+
 impl HeapRecorder {
     pub fn new(options: RecorderOptions) -> Self {
         HeapRecorder {
@@ -168,6 +203,7 @@ impl HeapRecorder {
             state: RefCell::new(State {
                 options,
                 heap_records: HeapRecords::default(),
+                stack_cache: StackCache::default(),
                 object_records: FxMap::default(),
                 pending: Vec::with_capacity(MAX_PENDING_RECORDINGS),
                 next_record_id: 0,
@@ -242,23 +278,38 @@ impl HeapRecorder {
         frames: &[RawFrame<'_>],
         alloc_gen: u64,
     ) -> Result<Recorded> {
+        self.record_allocation_from(object, weight, class_name, frames, alloc_gen)
+    }
+
+    /// [`HeapRecorder::record_allocation`] with frames that are named only when needed: when
+    /// `source` has a raw key and the stack cache knows it (and its stack is still a heap record),
+    /// the recording shares that stack without naming or interning anything, allocating nothing.
+    /// Same contract otherwise.
+    pub fn record_allocation_from<S: FrameSource + ?Sized>(
+        &self,
+        object: ObjectRef,
+        weight: u32,
+        class_name: Option<&str>,
+        source: &S,
+        alloc_gen: u64,
+    ) -> Result<Recorded> {
         let mut state = self.state()?;
         state.lifetime.recordings_attempted += 1;
         let result =
-            self.record_locked_state(&mut state, object, weight, class_name, frames, alloc_gen);
+            self.record_locked_state(&mut state, object, weight, class_name, source, alloc_gen);
         if result.is_err() {
             state.lifetime.recordings_failed += 1;
         }
         result
     }
 
-    fn record_locked_state(
+    fn record_locked_state<S: FrameSource + ?Sized>(
         &self,
         state: &mut State,
         object: ObjectRef,
         weight: u32,
         class_name: Option<&str>,
-        frames: &[RawFrame<'_>],
+        source: &S,
         alloc_gen: u64,
     ) -> Result<Recorded> {
         // Anything pending asks for a commit, even when this allocation is skipped: a commit that
@@ -306,8 +357,8 @@ impl HeapRecorder {
                     sample_rate: state.options.sample_rate,
                 })?;
         let class = strings.intern(class_name.unwrap_or(""))?;
-        let stack = match state.heap_records.acquire(&mut strings, frames) {
-            Ok(stack) => stack,
+        let (stack, fresh) = match acquire_stack(state, &mut strings, source) {
+            Ok(acquired) => acquired,
             Err(e) => {
                 let _ = strings.unintern(class);
                 return Err(e);
@@ -316,7 +367,6 @@ impl HeapRecorder {
         // The id is taken last: nothing can fail after this point.
         state.next_record_id += 1;
         let record_id = state.next_record_id;
-        let fresh = state.heap_records.count(&stack) == 1;
         state.string_refs += u64::from(class != 0) + if fresh { refs_of(&stack) } else { 0 };
         state.pending.push(PendingRecording {
             object,
@@ -335,6 +385,26 @@ impl HeapRecorder {
             outcome: RecordOutcome::Pending,
             needs_commit: true,
         })
+    }
+
+    /// Sizes the stack cache, so the sampling path never has to. Call when sampling starts.
+    pub fn reserve_stack_cache(&self) -> Result<()> {
+        self.state()?.stack_cache.reserve();
+        Ok(())
+    }
+
+    /// Forgets every cached stack (keeping the table). The cache holds no reference in the
+    /// recorder, so nothing is given back; skipped, harmlessly, if the state is in use.
+    pub fn clear_stack_cache(&self) {
+        if let Ok(mut state) = self.state.try_borrow_mut() {
+            state.stack_cache.clear();
+        }
+    }
+
+    /// Test switch: with the cache off every recording names and interns its frames.
+    pub fn set_stack_cache_enabled(&self, enabled: bool) -> Result<()> {
+        self.state()?.stack_cache.set_enabled(enabled);
+        Ok(())
     }
 
     /// Calls `f` with every pending object; the binding marks them so none is collected (or
@@ -411,6 +481,7 @@ impl HeapRecorder {
         let mut state = self.state()?;
         state.iterating = false;
         state.lifetime = Lifetime::default();
+        state.stack_cache.clear();
         Ok(())
     }
 
@@ -496,11 +567,14 @@ impl HeapRecorder {
             + state.object_records.capacity() * object_entry
             + state.pending.capacity() * std::mem::size_of::<PendingRecording>()
             + state.heap_records.memsize()
+            + state.stack_cache.memsize()
             + state.string_refs as usize * 8
     }
 }
 
 #[cfg(test)]
 mod proptests;
+#[cfg(test)]
+mod stack_cache_tests;
 #[cfg(test)]
 mod tests;

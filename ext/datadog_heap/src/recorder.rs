@@ -546,6 +546,15 @@ impl Recorder {
         self.sample_every.get()
     }
 
+    /// Test switch: turns the sampler's stack cache on or off.
+    fn set_stack_cache(ruby: &Ruby, rec: &Self, enabled: bool) -> Result<(), Error> {
+        guarded(ruby, || {
+            rec.core
+                .set_stack_cache_enabled(enabled)
+                .map_err(|e| crate::errors::to_ruby(ruby, e))
+        })
+    }
+
     fn set_postponed_commits(&self, enabled: bool) {
         self.postponed_commits.set(enabled);
     }
@@ -777,6 +786,10 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         function!(|rec: &Recorder, seed: u64| rec.sampler.set_seed(seed), 2),
     )?;
     testing.define_singleton_method(
+        "_native_set_stack_cache",
+        function!(Recorder::set_stack_cache, 2),
+    )?;
+    testing.define_singleton_method(
         "_native_set_postponed_commits",
         function!(
             |rec: &Recorder, enabled: bool| rec.set_postponed_commits(enabled),
@@ -820,6 +833,8 @@ impl Recorder {
         guarded(ruby, || {
             let was = rb_self.sampler.running.replace(false);
             sampler::stop(rb_self as *const Recorder);
+            // Nothing is sampled until the next start, by when the frames it names may be gone.
+            rb_self.core.clear_stack_cache();
             Ok(was)
         })
     }

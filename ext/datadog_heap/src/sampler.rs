@@ -10,7 +10,9 @@ use std::cell::{Cell, RefCell};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
-use datadog_heap_core::{RawFrame, RecordOutcome, MAX_FRAMES_LIMIT};
+use datadog_heap_core::{
+    FrameSource, RawFrame, RawStackKey, RecordOutcome, Stack, MAX_FRAMES_LIMIT,
+};
 use rb_sys::{rb_trace_arg_t, VALUE};
 
 use crate::gvl_cell::GvlCell;
@@ -238,6 +240,9 @@ pub fn start(recorder: &Recorder) -> bool {
     let capacity = MAX_FRAMES_LIMIT;
     state.frames.borrow_mut().resize(capacity, 0);
     state.lines.borrow_mut().resize(capacity, 0);
+    // The stack cache's table is built here, not in the hook. This only fails while the state
+    // is borrowed, which no caller of `start` does; the cache would then stay off (never wrong).
+    let _ = recorder.core().reserve_stack_cache();
     state.draw_interval(recorder.sample_every_value());
     state.running.set(true);
     // SAFETY: GVL held; the closure makes no VM call.
@@ -293,6 +298,7 @@ pub fn stop_for_ractors() {
         // SAFETY: pointers in `running` are to live recorders; nothing here can run a GC.
         let recorder = unsafe { &*p };
         recorder.sampler().running.set(false);
+        recorder.core().clear_stack_cache();
         recorder.disable(
             "a Ractor was started; allocation sampling is not Ractor-safe and stays off".into(),
         );
@@ -436,59 +442,23 @@ fn sample(recorder: &Recorder, arg: *mut rb_trace_arg_t) {
     let depth =
         unsafe { rb_sys::rb_profile_frames(0, capacity, frames.as_mut_ptr(), lines.as_mut_ptr()) };
     let depth = depth.clamp(0, capacity) as usize;
-    let max_frames = recorder.max_frames_value();
-    let keep = if depth > max_frames {
-        max_frames.saturating_sub(1)
-    } else {
-        depth
+    let gc_count = shims::gc_count();
+    let captured = CapturedStack {
+        frames: &frames[..depth],
+        lines: &lines[..depth],
+        capacity: capacity as usize,
+        max_frames: recorder.max_frames_value(),
+        gc_count,
     };
-
-    let mut raw: Vec<RawFrame> = Vec::with_capacity(keep + 1);
-    for i in 0..keep {
-        let frame = frames[i];
-        // SAFETY: `frame` came from rb_profile_frames just now; these accessors return strings
-        // the VM already holds (iseq path and label, method names) without allocating.
-        let path = unsafe { rb_sys::rb_profile_frame_path(frame) };
-        let (name, filename, line) = if path == rb_sys::Qnil as VALUE {
-            // A C frame: its method name, at the caller's location.
-            let (filename, line) = caller_location(&frames[..depth], &lines[..depth], i + 1);
-            // SAFETY: as for the path above.
-            let name = unsafe { rb_sys::rb_profile_frame_method_name(frame) };
-            (string_of(name), filename, line)
-        } else {
-            // SAFETY: as for the path above.
-            let label = unsafe { rb_sys::rb_profile_frame_base_label(frame) };
-            (string_of(label), string_of(path), lines[i])
-        };
-        raw.push(RawFrame {
-            name,
-            filename,
-            line,
-        });
-    }
-    let marker;
-    if depth > keep {
-        let dropped = depth - keep;
-        marker = if depth as i32 >= capacity {
-            format!("({dropped}+ frames truncated)")
-        } else {
-            format!("({dropped} frames truncated)")
-        };
-        raw.push(RawFrame {
-            name: &marker,
-            filename: "",
-            line: 0,
-        });
-    }
 
     let class_name = class_name_of(object);
     let weight = u32::try_from(recorder.sample_every_value()).unwrap_or(u32::MAX);
-    match recorder.core().record_allocation(
+    match recorder.core().record_allocation_from(
         object as usize,
         weight,
         Some(class_name),
-        &raw,
-        shims::gc_count(),
+        &captured,
+        gc_count,
     ) {
         Ok(recorded) => {
             if recorded.outcome == RecordOutcome::Pending {
@@ -510,6 +480,91 @@ fn sample(recorder: &Recorder, arg: *mut rb_trace_arg_t) {
     let spent = started.elapsed().as_nanos() as u64;
     stats.sampling_ns_total += spent;
     stats.sampling_ns_max = stats.sampling_ns_max.max(spent);
+}
+
+/// One stack as `rb_profile_frames` captured it in this hook call: frame handles and lines,
+/// named only when the recorder's stack cache does not know them already.
+struct CapturedStack<'a> {
+    frames: &'a [VALUE],
+    lines: &'a [i32],
+    /// The buffers' size: a capture that filled them may have been cut short by it.
+    capacity: usize,
+    max_frames: usize,
+    gc_count: u64,
+}
+
+impl FrameSource for CapturedStack<'_> {
+    /// Frame handles are iseqs and method entries: the same handle and line name the same frame
+    /// until the next GC (which may move it, or free it and reuse its slot), so the GC count is
+    /// the key's epoch. (A frame we see running is alive, so even a lazy sweep still finishing
+    /// the GC that set the count cannot free it; `rb_gc_count` moves at the start of the next
+    /// GC, before that one marks, moves or frees anything.) `VALUE` is a 64-bit integer here, as
+    /// the key's handles are. Naming depends on the whole capture (a C frame takes the location of the
+    /// Ruby frame below it; truncation counts the frames dropped) and on `max_frames` (the salt);
+    /// the key holds all of it.
+    fn key(&self) -> Option<RawStackKey<'_>> {
+        Some(RawStackKey {
+            frames: self.frames,
+            lines: self.lines,
+            salt: self.max_frames as u64,
+            epoch: self.gc_count,
+        })
+    }
+
+    /// Names the kept frames (and the truncation marker) without allocating a Ruby object.
+    /// Allocates the frame list and, for a truncated stack, the marker (Rust allocator).
+    fn with_frames(
+        &self,
+        f: &mut dyn FnMut(&[RawFrame<'_>]) -> datadog_heap_core::Result<Stack>,
+    ) -> datadog_heap_core::Result<Stack> {
+        let (frames, lines) = (self.frames, self.lines);
+        let depth = frames.len().min(lines.len());
+        let keep = if depth > self.max_frames {
+            self.max_frames.saturating_sub(1)
+        } else {
+            depth
+        };
+
+        let mut raw: Vec<RawFrame> = Vec::with_capacity(keep + 1);
+        for i in 0..keep {
+            let frame = frames[i];
+            // SAFETY: `frame` came from rb_profile_frames in this hook call; these accessors
+            // return strings the VM already holds (iseq path and label, method names) without
+            // allocating.
+            let path = unsafe { rb_sys::rb_profile_frame_path(frame) };
+            let (name, filename, line) = if path == rb_sys::Qnil as VALUE {
+                // A C frame: its method name, at the caller's location.
+                let (filename, line) = caller_location(&frames[..depth], &lines[..depth], i + 1);
+                // SAFETY: as for the path above.
+                let name = unsafe { rb_sys::rb_profile_frame_method_name(frame) };
+                (string_of(name), filename, line)
+            } else {
+                // SAFETY: as for the path above.
+                let label = unsafe { rb_sys::rb_profile_frame_base_label(frame) };
+                (string_of(label), string_of(path), lines[i])
+            };
+            raw.push(RawFrame {
+                name,
+                filename,
+                line,
+            });
+        }
+        let marker;
+        if depth > keep {
+            let dropped = depth - keep;
+            marker = if depth >= self.capacity {
+                format!("({dropped}+ frames truncated)")
+            } else {
+                format!("({dropped} frames truncated)")
+            };
+            raw.push(RawFrame {
+                name: &marker,
+                filename: "",
+                line: 0,
+            });
+        }
+        f(&raw)
+    }
 }
 
 /// Path and line of the nearest Ruby frame at or after `from`.

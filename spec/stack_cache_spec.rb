@@ -1,0 +1,204 @@
+# frozen_string_literal: true
+
+# The sampler's stack cache (raw frames -> interned stack, valid until the next GC) must be
+# invisible: the same stacks, names, lines, C frames and truncation markers as naming every
+# sample from scratch, and no stale name after a GC moved or freed the frames it saw.
+RSpec.describe "sampler stack cache" do
+  CacheSiteA = Struct.new(:n)
+  CacheSiteB = Struct.new(:n)
+  CacheSiteC = Struct.new(:n)
+  CacheKept = Struct.new(:n)
+  CACHE_CLASSES = %w[CacheSiteA CacheSiteB CacheSiteC].freeze
+
+  after { @rec&.stop }
+
+  # Under GC_STRESS=1 every allocation runs a GC, so no entry outlives the GC it was filled in:
+  # not a single hit then.
+  def expect_cache_hits(stats, at_least)
+    if RecorderHelpers::GC_STRESSED
+      expect(stats[:lifetime_stack_cache_hits]).to eq(0)
+    else
+      expect(stats[:lifetime_stack_cache_hits]).to be >= at_least
+    end
+  end
+
+  def cache_site_a(keep)
+    keep << CacheSiteA.new(1)
+  end
+
+  def cache_site_b(keep)
+    3.times { |i| keep << CacheSiteB.new(i) } # a block under a C frame (Integer#times)
+  end
+
+  def cache_deep(depth, keep)
+    return keep.concat(Array.new(2) { CacheSiteC.new(depth) }) if depth.zero? # C frames on top
+
+    cache_deep(depth - 1, keep)
+  end
+
+  # Allocates the same objects at the same sites every time; keeps them.
+  def cache_workload(keep)
+    i = 0
+    while i < 20
+      cache_site_a(keep)
+      cache_site_b(keep)
+      cache_deep(i % 7, keep)
+      i += 1
+    end
+    keep
+  end
+
+  # [class, locations] => count over the tracked objects of the workload's classes.
+  def tracked_stacks(rec)
+    rec.each_live_object
+       .select { |o| CACHE_CLASSES.include?(o.class_name) }
+       .group_by { |o| [o.class_name, o.locations] }
+       .transform_values(&:size)
+  end
+
+  def run_workload(cache:, max_frames:)
+    @rec = DatadogHeap::Recorder.new(sample_every: 1, max_frames: max_frames)
+    DatadogHeap::Testing._native_set_stack_cache(@rec, cache)
+    keep = []
+    @rec.start
+    cache_workload(keep)
+    @rec.stop
+    full_gc
+    stacks = tracked_stacks(@rec)
+    stats = @rec.stats
+    expect(keep.size).to eq(20 * 6)
+    @rec = nil
+    [stacks, stats]
+  end
+
+  [400, 12].each do |max_frames|
+    it "gives exactly the stacks of the uncached path (max_frames: #{max_frames})" do
+      # One call site for both runs, so their stacks can be equal down to the last frame.
+      (uncached, plain_stats), (cached, cached_stats) =
+        [false, true].map { |cache| run_workload(cache: cache, max_frames: max_frames) }
+
+      expect(plain_stats[:lifetime_stack_cache_hits] + plain_stats[:lifetime_stack_cache_misses]).to eq(0)
+      expect_cache_hits(cached_stats, 1)
+      expect(cached.values.sum).to eq(20 * 6)
+      expect(cached).to eq(uncached)
+      # What the comparison covers: C frames named at their caller's line, and (at 12 frames)
+      # truncation markers.
+      locations = cached.keys.map(&:last)
+      expect(locations.map { |l| l.first[0..1] }).to all(eq(["new", __FILE__]))
+      if max_frames == 12
+        expect(locations.map(&:last)).to all(satisfy { |name, _, _| name.match?(/\A\(\d+ frames truncated\)\z/) })
+        expect(locations.map { |l| l.last.first }.uniq.size).to be > 1
+      else
+        expect(locations.flatten(1).map(&:first)).not_to include(a_string_matching(/truncated/))
+        expect(locations.flatten(1).map(&:first)).to include("times", "initialize")
+      end
+    end
+  end
+
+  class CacheReuseHost; end
+  CacheReused = Struct.new(:n)
+
+  # Defines method `name` on CacheReuseHost, always at the same file and line, so that two such
+  # methods differ only in their frame handles (method entry, iseq): a cache that kept an entry
+  # past the GC that freed one method's handles, and the next method reusing those slots, would
+  # name the old method.
+  def cache_define(name)
+    CacheReuseHost.class_eval("def #{name} = CacheReused.new(:#{name})", "cache_reuse.rb", 1)
+  end
+
+  def cache_call(name)
+    CacheReuseHost.new.public_send(name)
+  end
+
+  # For each tracked CacheReused object, the method its stack says it was allocated in.
+  def cache_reused_names(rec)
+    rec.each_live_object.select { |o| o.class_name == "CacheReused" }.map do |o|
+      # The first frame there is the C frame `new`, at its caller's location.
+      frame = o.locations.find { |name, path, _| path == "cache_reuse.rb" && name != "new" }
+      frame && frame[0]
+    end
+  end
+
+  it "names the right method when a GC freed the last one and its slots were reused" do
+    @rec = DatadogHeap::Recorder.new(sample_every: 1)
+    DatadogHeap::Testing._native_set_postponed_commits(@rec, false)
+    keep = []
+    names = Array.new(scaled(150)) { |i| :"cache_m#{i}" }
+    @rec.start
+    names.each do |name|
+      cache_define(name)
+      2.times { keep << cache_call(name) } # the second one is a cache hit
+      CacheReuseHost.send(:remove_method, name)
+      @rec.commit # keeps the pending queue short
+      GC.start # frees the method's entry and iseq: the next definition may reuse their slots
+    end
+    @rec.stop
+    @rec.commit
+    expect_cache_hits(@rec.stats, names.size)
+    full_gc
+    expect(cache_reused_names(@rec).tally).to eq(names.to_h { |n| [n.to_s, 2] })
+    expect(keep.map { |o| o.n.to_s }.tally).to eq(names.to_h { |n| [n.to_s, 2] })
+  end
+
+  it "names the right method when GC.compact moves frames between two samples" do
+    skip "GC.compact is not supported here" unless GC.respond_to?(:compact)
+    # Other examples' recorders may still hold WeakMaps with entries, which compaction corrupts.
+    skip "Ruby #{RUBY_VERSION} has bug #19529: GC.compact corrupts ObjectSpace::WeakMap" if DatadogHeap::WEAK_MAP_COMPACTION_BUG
+
+    # Commits wait until after the compactions, so this recorder's WeakMap is empty while
+    # objects move.
+    @rec = manual_recorder(sample_every: 1)
+    keep = []
+    names = %i[cache_c0 cache_c1 cache_c2]
+    names.each { |n| cache_define(n) }
+    @rec.start
+    2.times do
+      names.each { |n| keep << cache_call(n) }
+      GC.compact
+      names.reverse_each { |n| keep << cache_call(n) }
+      GC.compact
+    end
+    @rec.stop
+    expect(@rec.stats[:lifetime_stack_cache_misses]).to be >= 4 # each compaction starts afresh
+    @rec.commit
+    full_gc
+    expect(cache_reused_names(@rec).tally).to eq(names.to_h { |n| [n.to_s, 4] })
+    expect(keep.size).to eq(12)
+  ensure
+    names&.each { |n| CacheReuseHost.send(:remove_method, n) if CacheReuseHost.method_defined?(n) }
+  end
+
+  it "holds string references exactly as the uncached path does" do
+    refs = [false, true].map do |cache|
+      @rec = manual_recorder(sample_every: 1)
+      DatadogHeap::Testing._native_set_stack_cache(@rec, cache)
+      keep = []
+      @rec.start
+      50.times { keep << CacheKept.new(0) }
+      @rec.stop
+      @rec.commit
+      stats = @rec.stats
+      if cache
+        expect_cache_hits(stats, 40)
+      else
+        expect(stats[:lifetime_stack_cache_hits]).to eq(0)
+      end
+      expect(keep.size).to eq(50)
+      stats.values_at(:num_object_records, :num_heap_records, :interned_string_refs)
+    end
+    expect(refs[1]).to eq(refs[0])
+  end
+
+  it "starts empty after stop and start" do
+    @rec = DatadogHeap::Recorder.new(sample_every: 1)
+    keep = []
+    2.times do
+      @rec.start
+      keep << CacheKept.new(0)
+      @rec.stop
+    end
+    # The second start found nothing cached for the same site.
+    expect(@rec.stats[:lifetime_stack_cache_misses]).to be >= 2
+    expect(keep.size).to eq(2)
+  end
+end

@@ -1,0 +1,356 @@
+//! A small cache from a stack's raw identity, as the sampler captures it (the VM's frame handles
+//! and line numbers), to the interned [`Stack`] that identity resolved to. A hit spares the
+//! sampler naming every frame and interning every name again.
+//!
+//! What makes a hit trustworthy:
+//! - Frame handles are only stable for a while (in CRuby, between two GCs: compaction moves
+//!   them, a freed one's slot is reused). The caller says which period a key belongs to
+//!   (`epoch`); an entry filled in another period never matches.
+//! - The cache holds no reference in the recorder (no heap record count, no string id). Its
+//!   [`Stack`] is only a pointer to compare: the recorder reuses it only while the very same
+//!   stack is still a live heap record, whose references keep its string ids meaning what they
+//!   meant when the entry was filled. So clearing the cache, or dropping it, gives back nothing.
+//! - A key is compared in full (every handle, every line, the salt), never by its hash alone.
+//!
+//! Fixed size and direct-mapped: each key has one slot, a newer key takes it over. The table is
+//! built once; filling a slot reuses its buffers, so it allocates only when a key is longer
+//! than any that slot held before. Needs no lock: the recorder's state owns it.
+
+use std::hash::Hasher;
+
+use rustc_hash::FxHasher;
+
+use crate::error::Result;
+use crate::stack::{RawFrame, Stack};
+
+/// Slots in a recorder's stack cache (a power of two).
+pub const STACK_CACHE_SLOTS: usize = 512;
+
+/// Longest key kept. Deeper captures are not cached (always named), so the key buffers stay
+/// under slots x 1024 x 12 bytes (6 MiB) however deep the program recurses; typical stacks of
+/// tens to a few hundred frames take a small fraction of that.
+pub const STACK_CACHE_MAX_KEY_FRAMES: usize = 1024;
+
+/// The raw identity of one captured stack. Equal keys in one epoch must resolve to equal frames.
+#[derive(Debug, Clone, Copy)]
+pub struct RawStackKey<'a> {
+    /// Opaque frame handles, innermost first (VALUEs in the binding).
+    pub frames: &'a [u64],
+    /// One line number per handle.
+    pub lines: &'a [i32],
+    /// Whatever else the resolved frames depend on (the binding: `max_frames`).
+    pub salt: u64,
+    /// The period in which the handles are stable (the binding: the GC count).
+    pub epoch: u64,
+}
+
+impl RawStackKey<'_> {
+    fn hash(&self) -> u64 {
+        let mut h = FxHasher::default();
+        h.write_u64(self.salt);
+        h.write_usize(self.frames.len());
+        // One word per frame: handles are addresses (below 2^48 on the platforms Ruby runs
+        // on), so a line in the top 16 bits rarely collides; a collision only shares a slot.
+        for (&frame, &line) in self.frames.iter().zip(self.lines) {
+            h.write_u64(frame ^ u64::from(line as u32).rotate_right(16));
+        }
+        h.finish()
+    }
+}
+
+/// Where a recording's frames come from: a raw key for the stack cache, when the caller has one,
+/// and the named frames, which are only asked for when the cache cannot answer.
+pub trait FrameSource {
+    /// The stack's raw identity; `None` when it has none worth caching.
+    fn key(&self) -> Option<RawStackKey<'_>>;
+
+    /// Names the frames and calls `f` with them, returning what `f` returns. The frames may
+    /// borrow from memory that only lives as long as this call.
+    fn with_frames(&self, f: &mut dyn FnMut(&[RawFrame<'_>]) -> Result<Stack>) -> Result<Stack>;
+}
+
+/// Frames already named (`record_allocation` from Ruby, the tests): nothing to cache.
+impl FrameSource for [RawFrame<'_>] {
+    fn key(&self) -> Option<RawStackKey<'_>> {
+        None
+    }
+
+    fn with_frames(&self, f: &mut dyn FnMut(&[RawFrame<'_>]) -> Result<Stack>) -> Result<Stack> {
+        f(self)
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    hash: u64,
+    salt: u64,
+    epoch: u64,
+    frames: Vec<u64>,
+    lines: Vec<i32>,
+    /// `None` for an empty slot.
+    stack: Option<Stack>,
+}
+
+impl Slot {
+    fn matches(&self, key: &RawStackKey<'_>, hash: u64) -> bool {
+        self.stack.is_some()
+            && self.hash == hash
+            && self.epoch == key.epoch
+            && self.salt == key.salt
+            && self.frames == key.frames
+            && self.lines == key.lines
+    }
+}
+
+pub struct StackCache {
+    slots: Box<[Slot]>,
+    /// log2 of the slot count: the slot is the hash's top bits (Fx mixes those best).
+    shift: u32,
+    enabled: bool,
+}
+
+/// An empty cache without a table: it finds and keeps nothing until [`StackCache::reserve`].
+impl Default for StackCache {
+    fn default() -> Self {
+        StackCache {
+            slots: Box::default(),
+            shift: 64,
+            enabled: true,
+        }
+    }
+}
+
+impl StackCache {
+    /// A cache of `slots` slots, rounded up to a power of two (at least 1).
+    pub fn with_slots(slots: usize) -> Self {
+        let mut cache = StackCache::default();
+        cache.build(slots);
+        cache
+    }
+
+    fn build(&mut self, slots: usize) {
+        let slots = slots.max(1).next_power_of_two();
+        self.slots = (0..slots).map(|_| Slot::default()).collect();
+        self.shift = 64 - slots.trailing_zeros();
+    }
+
+    /// Builds the table of [`STACK_CACHE_SLOTS`] slots if it is not built yet, so the sampling
+    /// path never has to. Called when sampling starts, not from the hook.
+    pub fn reserve(&mut self) {
+        if self.slots.is_empty() {
+            self.build(STACK_CACHE_SLOTS);
+        }
+    }
+
+    /// `None` while the table is not built.
+    fn index(&self, hash: u64) -> Option<usize> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        // `checked_shr` covers the one-slot table (a shift by 64).
+        Some(hash.checked_shr(self.shift).unwrap_or(0) as usize)
+    }
+
+    /// Whether `key` can be cached at all.
+    fn accepts(&self, key: &RawStackKey<'_>) -> bool {
+        self.enabled
+            && key.frames.len() == key.lines.len()
+            && key.frames.len() <= STACK_CACHE_MAX_KEY_FRAMES
+    }
+
+    /// The stack last stored for `key`, if any (the caller still checks that it is live).
+    /// Never allocates.
+    pub fn get(&self, key: &RawStackKey<'_>) -> Option<&Stack> {
+        if !self.accepts(key) {
+            return None;
+        }
+        let hash = key.hash();
+        let slot = self.slots.get(self.index(hash)?)?;
+        if slot.matches(key, hash) {
+            slot.stack.as_ref()
+        } else {
+            None
+        }
+    }
+
+    /// Stores `stack` for `key`, replacing what its slot held. Allocates only to grow the slot's
+    /// buffers.
+    pub fn insert(&mut self, key: &RawStackKey<'_>, stack: &Stack) {
+        if !self.accepts(key) {
+            return;
+        }
+        let hash = key.hash();
+        let Some(slot) = self.index(hash).and_then(|i| self.slots.get_mut(i)) else {
+            return;
+        };
+        slot.hash = hash;
+        slot.salt = key.salt;
+        slot.epoch = key.epoch;
+        slot.frames.clear();
+        slot.frames.extend_from_slice(key.frames);
+        slot.lines.clear();
+        slot.lines.extend_from_slice(key.lines);
+        slot.stack = Some(stack.clone());
+    }
+
+    /// Empties every slot (their buffers are kept for reuse). Gives nothing back to the recorder:
+    /// the cache holds no reference there.
+    pub fn clear(&mut self) {
+        for slot in self.slots.iter_mut() {
+            slot.stack = None;
+        }
+    }
+
+    /// Test switch: a disabled cache finds nothing and keeps nothing.
+    pub fn set_enabled(&mut self, enabled: bool) {
+        self.enabled = enabled;
+        if !enabled {
+            self.clear();
+        }
+    }
+
+    /// Whether lookups can find anything: enabled, with its table built.
+    pub fn is_active(&self) -> bool {
+        self.enabled && !self.slots.is_empty()
+    }
+
+    /// Approximate heap bytes held: the table and the key buffers. The stacks are counted with
+    /// the heap records (one that only the cache still points at is freed when its slot is
+    /// reused or cleared).
+    pub fn memsize(&self) -> usize {
+        self.slots.len() * std::mem::size_of::<Slot>()
+            + self
+                .slots
+                .iter()
+                .map(|s| {
+                    s.frames.capacity() * std::mem::size_of::<u64>()
+                        + s.lines.capacity() * std::mem::size_of::<i32>()
+                })
+                .sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stack::Frame;
+    use std::sync::Arc;
+
+    fn stack(line: i32) -> Stack {
+        Arc::from(
+            &[Frame {
+                name: 1,
+                filename: 2,
+                line,
+            }][..],
+        )
+    }
+
+    fn key<'a>(frames: &'a [u64], lines: &'a [i32], epoch: u64) -> RawStackKey<'a> {
+        RawStackKey {
+            frames,
+            lines,
+            salt: 400,
+            epoch,
+        }
+    }
+
+    #[test]
+    fn an_unreserved_cache_keeps_nothing() {
+        let mut cache = StackCache::default();
+        assert!(!cache.is_active());
+        cache.insert(&key(&[10], &[1], 0), &stack(1));
+        assert!(cache.get(&key(&[10], &[1], 0)).is_none());
+        cache.reserve();
+        assert!(cache.is_active());
+        cache.insert(&key(&[10], &[1], 0), &stack(1));
+        assert!(cache.get(&key(&[10], &[1], 0)).is_some());
+    }
+
+    #[test]
+    fn finds_what_was_stored_for_an_equal_key() {
+        let mut cache = StackCache::with_slots(STACK_CACHE_SLOTS);
+        let s = stack(1);
+        cache.insert(&key(&[10, 20], &[1, 2], 5), &s);
+        let found = cache.get(&key(&[10, 20], &[1, 2], 5)).unwrap();
+        assert!(Arc::ptr_eq(found, &s));
+    }
+
+    #[test]
+    fn another_epoch_line_handle_length_or_salt_misses() {
+        let mut cache = StackCache::with_slots(STACK_CACHE_SLOTS);
+        cache.insert(&key(&[10, 20], &[1, 2], 5), &stack(1));
+        assert!(cache.get(&key(&[10, 20], &[1, 2], 6)).is_none());
+        assert!(cache.get(&key(&[10, 20], &[1, 3], 5)).is_none());
+        assert!(cache.get(&key(&[10, 21], &[1, 2], 5)).is_none());
+        assert!(cache.get(&key(&[10], &[1], 5)).is_none());
+        assert!(cache.get(&key(&[10, 20, 30], &[1, 2, 0], 5)).is_none());
+        let mut salted = key(&[10, 20], &[1, 2], 5);
+        salted.salt = 399;
+        assert!(cache.get(&salted).is_none());
+    }
+
+    #[test]
+    fn keys_sharing_a_slot_are_told_apart_by_their_contents() {
+        // One slot: every key lands in it, so only the full comparison can tell them apart.
+        let mut cache = StackCache::with_slots(1);
+        let (a, b) = (stack(1), stack(2));
+        cache.insert(&key(&[10], &[1], 0), &a);
+        assert!(cache.get(&key(&[11], &[1], 0)).is_none());
+        cache.insert(&key(&[11], &[1], 0), &b);
+        assert!(Arc::ptr_eq(cache.get(&key(&[11], &[1], 0)).unwrap(), &b));
+        assert!(cache.get(&key(&[10], &[1], 0)).is_none(), "evicted");
+    }
+
+    #[test]
+    fn clear_and_disable_forget_everything() {
+        let mut cache = StackCache::with_slots(STACK_CACHE_SLOTS);
+        let s = stack(1);
+        cache.insert(&key(&[10], &[1], 0), &s);
+        assert_eq!(Arc::strong_count(&s), 2);
+        cache.clear();
+        assert!(cache.get(&key(&[10], &[1], 0)).is_none());
+        assert_eq!(Arc::strong_count(&s), 1, "the cache let go of the stack");
+        cache.set_enabled(false);
+        cache.insert(&key(&[10], &[1], 0), &s);
+        assert!(cache.get(&key(&[10], &[1], 0)).is_none());
+        assert_eq!(Arc::strong_count(&s), 1);
+        cache.set_enabled(true);
+        cache.insert(&key(&[10], &[1], 0), &s);
+        assert!(cache.get(&key(&[10], &[1], 0)).is_some());
+    }
+
+    #[test]
+    fn mismatched_key_lengths_are_never_cached() {
+        let mut cache = StackCache::with_slots(STACK_CACHE_SLOTS);
+        cache.insert(&key(&[10, 20], &[1], 0), &stack(1));
+        assert!(cache.get(&key(&[10, 20], &[1], 0)).is_none());
+    }
+
+    #[test]
+    fn keys_past_the_length_cap_are_never_cached() {
+        let mut cache = StackCache::with_slots(STACK_CACHE_SLOTS);
+        let n = STACK_CACHE_MAX_KEY_FRAMES;
+        let (frames, lines) = (vec![7u64; n + 1], vec![1i32; n + 1]);
+        cache.insert(&key(&frames, &lines, 0), &stack(1));
+        assert!(cache.get(&key(&frames, &lines, 0)).is_none());
+        cache.insert(&key(&frames[..n], &lines[..n], 0), &stack(1));
+        assert!(cache.get(&key(&frames[..n], &lines[..n], 0)).is_some());
+    }
+
+    #[test]
+    fn many_keys_spread_over_the_slots() {
+        let mut cache = StackCache::with_slots(STACK_CACHE_SLOTS);
+        let s = stack(1);
+        // Handles like VALUEs: 40-byte aligned, so their low bits say little.
+        let handles: Vec<u64> = (0..64).map(|i| 0x7f00_0000_0000 + 40 * i).collect();
+        for h in &handles {
+            cache.insert(&key(std::slice::from_ref(h), &[7], 0), &s);
+        }
+        let kept = handles
+            .iter()
+            .filter(|h| cache.get(&key(std::slice::from_ref(*h), &[7], 0)).is_some())
+            .count();
+        assert!(kept >= 56, "only {kept} of 64 keys kept in 512 slots");
+    }
+}
