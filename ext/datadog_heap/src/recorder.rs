@@ -408,7 +408,7 @@ impl Recorder {
                 encode_profile(&snapshot, &options)
             });
             let finished = rb_self.end_iteration(ruby);
-            let encoded = match encoded {
+            let encoded = match encoded? {
                 Some(result) => result.or_raise(ruby)?,
                 None => {
                     return Err(heap_error(
@@ -603,9 +603,19 @@ fn name_live_objects(
     }
 }
 
-/// Runs `f` with the GVL released (or with it held when an interrupt is already pending); `None`
-/// if it panicked. `f` must not touch the VM.
-fn without_gvl<F: FnOnce() -> T, T>(f: F) -> Option<T> {
+/// How many times `without_gvl` handles pending interrupts and tries again before it gives up and
+/// runs `f` with the GVL held.
+const GVL_RELEASE_ATTEMPTS: usize = 3;
+
+/// Runs `f` with the GVL released; `Ok(None)` if it panicked. `f` must not touch the VM.
+///
+/// Ruby will not release the GVL while any interrupt is pending for this thread, and a long stretch
+/// of GVL-held work with no interrupt check (a full update walking the WeakMap) usually ends with
+/// one pending: the timer's "another thread wants the GVL". So when the release is refused, the
+/// interrupts are handled (`rb_thread_schedule`, which also lets those threads run) and the release
+/// tried again; an exception that handling raises (Thread#raise, Timeout) is returned, `f` not run.
+/// After `GVL_RELEASE_ATTEMPTS` refusals `f` runs with the GVL held.
+fn without_gvl<F: FnOnce() -> T, T>(f: F) -> Result<Option<T>, Error> {
     struct Call<F, T> {
         f: Option<F>,
         out: Option<T>,
@@ -625,24 +635,32 @@ fn without_gvl<F: FnOnce() -> T, T>(f: F) -> Option<T> {
         f: Some(f),
         out: None,
     };
-    // SAFETY: called from a Ruby thread holding the GVL; the trampoline makes no VM call, and no
-    // unblocking function is given. The "2" variant never checks interrupts after the call (the
-    // plain one does, and an exception raised there would jump over our frames); with an
-    // interrupt already pending it returns without calling the trampoline at all.
-    unsafe {
-        rb_sys::rb_thread_call_without_gvl2(
-            Some(trampoline::<F, T>),
-            &mut call as *mut Call<F, T> as *mut std::ffi::c_void,
-            None,
-            std::ptr::null_mut(),
-        );
+    for attempt in 0..GVL_RELEASE_ATTEMPTS {
+        if attempt > 0 {
+            shims::thread_schedule()?;
+        }
+        // SAFETY: called from a Ruby thread holding the GVL; the trampoline makes no VM call, and
+        // no unblocking function is given. The "2" variant never checks interrupts after the call
+        // (the plain one does, and an exception raised there would jump over our frames); with an
+        // interrupt pending it returns without calling the trampoline at all.
+        unsafe {
+            rb_sys::rb_thread_call_without_gvl2(
+                Some(trampoline::<F, T>),
+                &mut call as *mut Call<F, T> as *mut std::ffi::c_void,
+                None,
+                std::ptr::null_mut(),
+            );
+        }
+        if call.f.is_none() {
+            return Ok(call.out);
+        }
     }
-    match call.f.take() {
-        // Not run (an interrupt was pending): run it here, with the GVL; the interrupt is
-        // delivered at the VM's next check, once we are back in Ruby.
-        Some(f) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok(),
-        None => call.out,
-    }
+    // Still refused: run it here, with the GVL held; the interrupt is delivered at the VM's next
+    // check, once we are back in Ruby.
+    Ok(call
+        .f
+        .take()
+        .and_then(|f| std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok()))
 }
 
 /// An Integer argument as i64; TypeError for non-Integers, ArgumentError past 64 bits.
