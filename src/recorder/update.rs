@@ -17,6 +17,10 @@ pub const OLD_AGE: u64 = 3;
 /// it visits at least one object in this many: a lookup costs several times a walk's step.
 const LOOKUPS_PER_WALKED_OBJECT: usize = 4;
 
+/// Most records an update walks: a walk costs 100 to 700 ns per record and lets no other thread
+/// run until it ends, so this keeps that pause near 100 ms at most on a small machine.
+pub const WALK_MAX_RECORDS: usize = 300_000;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpdateKind {
     /// Optional and cheap: skipped when busy, when no GC happened since the last update, or when
@@ -91,7 +95,10 @@ impl HeapRecorder {
         // also finds old objects that died, which lookups of young ones leave to a full update:
         // so walk when many are visited, and whenever max_tracked_objects is reached, since then
         // every dead record dropped makes room for a new recording.
-        let walk = full_up || visits.saturating_mul(LOOKUPS_PER_WALKED_OBJECT) >= total;
+        // A walk holds the GVL from start to end, though: past WALK_MAX_RECORDS, lookups, which
+        // let other threads in between, keep their waits short.
+        let walk = total <= WALK_MAX_RECORDS
+            && (full_up || visits.saturating_mul(LOOKUPS_PER_WALKED_OBJECT) >= total);
         let any_dead = match walk {
             true => self.update_by_walk(vm, full, update_gen, size_enabled)?,
             false => None,
