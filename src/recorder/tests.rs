@@ -844,25 +844,30 @@ fn a_young_walk_also_drops_old_objects_that_died() {
 }
 
 #[test]
-fn a_young_update_with_few_young_objects_looks_them_up_instead() {
+fn an_update_shrinks_the_records_table_after_a_burst() {
     let rec = HeapRecorder::default();
     let mut vm = FakeVm::new();
     vm.walk_enabled = true;
-    for line in 0..20 {
-        record(&rec, &mut vm, "old", line);
+    let mut objs = Vec::new();
+    for i in 0..5000 {
+        objs.push(record(&rec, &mut vm, "a", i % 7));
+        if i % 200 == 199 {
+            rec.commit(&mut vm).unwrap();
+        }
     }
-    rec.commit(&mut vm).unwrap();
-    for _ in 0..OLD_AGE {
-        vm.gc();
-    }
-    record(&rec, &mut vm, "young", 1);
     rec.commit(&mut vm).unwrap();
     vm.gc();
-    let UpdateOutcome::Done(last) = rec.update(&mut vm, UpdateKind::Young).unwrap() else {
-        panic!("young update did not run")
-    };
-    assert_eq!((vm.walks, vm.lookup_calls), (0, 1));
-    assert_eq!((last.objects_alive, last.objects_skipped), (1, 20));
+    objs.iter().skip(10).for_each(|&o| vm.kill(o));
+    let before = rec.state().unwrap().object_records.capacity();
+    full_update(&rec, &mut vm);
+    let state = rec.state().unwrap();
+    assert_eq!(state.object_records.len(), 10);
+    assert!(
+        state.object_records.capacity() < before / 4,
+        "{} -> {}",
+        before,
+        state.object_records.capacity()
+    );
 }
 
 #[test]

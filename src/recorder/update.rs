@@ -13,18 +13,20 @@ pub const MIN_TIME_BETWEEN_UPDATES_NS: i64 = 2_000_000_000;
 /// Objects at least this many GCs old are left alone by young updates.
 pub const OLD_AGE: u64 = 3;
 
-/// An update walks the whole liveness table, rather than looking its objects up one by one, when
-/// it visits at least one object in this many: a lookup costs several times a walk's step.
-const LOOKUPS_PER_WALKED_OBJECT: usize = 4;
-
-/// Most records an update walks: a walk costs 100 to 700 ns per record and lets no other thread
-/// run until it ends, so this keeps that pause near 100 ms at most on a small machine.
+/// Most records an update walks (see `update_locked`): a walk costs 80 to 700 ns per record and
+/// lets no other thread run until it ends, so this keeps that pause near 100 ms at most on a small
+/// machine. Past it, updates look records up one by one.
 pub const WALK_MAX_RECORDS: usize = 300_000;
+
+/// After an update, the records table gives memory back when it is this many times larger than
+/// what it holds (a burst of short-lived samples grew it).
+const SHRINK_WHEN_CAPACITY_EXCEEDS: usize = 4;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpdateKind {
     /// Optional and cheap: skipped when busy, when no GC happened since the last update, or when
-    /// the last one was less than 2 s ago; visits only objects younger than [`OLD_AGE`].
+    /// the last one was less than 2 s ago; ages and measures only objects younger than
+    /// [`OLD_AGE`] (a walk still drops old ones that died).
     Young,
     /// Mandatory: waits for the lock, ignores the gates, visits everything.
     Full,
@@ -55,7 +57,7 @@ impl HeapRecorder {
     }
 
     fn update_locked(&self, vm: &mut dyn Vm, full: bool) -> Result<UpdateOutcome> {
-        let (size_enabled, update_gen, now, visits, total, full_up) = {
+        let (size_enabled, update_gen, now, total) = {
             let mut state = self.state()?;
             if state.iterating {
                 // Records must stay as the snapshot saw them until the iteration finishes.
@@ -79,26 +81,15 @@ impl HeapRecorder {
             state.update_gen = gc;
             state.last_update = LastUpdate::default();
             let total = state.object_records.len();
-            let visits = if full {
-                total
-            } else {
-                let young = |age: u64| age > 0 && age < OLD_AGE;
-                (state.object_records.values())
-                    .filter(|r| young(gc.saturating_sub(r.data.alloc_gen)))
-                    .count()
-            };
-            let full_up = total + state.pending.len() >= state.options.max_tracked_objects;
-            (state.options.size_enabled, gc, now, visits, total, full_up)
+            (state.options.size_enabled, gc, now, total)
         };
 
-        // A walk of the whole table costs about what a few one-by-one lookups do per object, and it
-        // also finds old objects that died, which lookups of young ones leave to a full update:
-        // so walk when many are visited, and whenever max_tracked_objects is reached, since then
-        // every dead record dropped makes room for a new recording.
-        // A walk holds the GVL from start to end, though: past WALK_MAX_RECORDS, lookups, which
-        // let other threads in between, keep their waits short.
-        let walk = total <= WALK_MAX_RECORDS
-            && (full_up || visits.saturating_mul(LOOKUPS_PER_WALKED_OBJECT) >= total);
+        // One walk of the liveness table costs what a few one-by-one lookups do per record (a
+        // lookup is a Ruby method call into a large hash, a walk step is a yield), and it shows
+        // every record that died, old ones included, which lookups of young records alone would
+        // leave to a full update while short-lived samples pile up. So updates walk, up to
+        // WALK_MAX_RECORDS.
+        let walk = total <= WALK_MAX_RECORDS;
         let any_dead = match walk {
             true => self.update_by_walk(vm, full, update_gen, size_enabled)?,
             false => None,
@@ -112,6 +103,10 @@ impl HeapRecorder {
             self.strings.lock()?.compact();
         }
         let mut state = self.state()?;
+        let (len, capacity) = (state.object_records.len(), state.object_records.capacity());
+        if capacity > 1024 && capacity > len.saturating_mul(SHRINK_WHEN_CAPACITY_EXCEEDS) {
+            state.object_records.shrink_to(len.saturating_mul(2));
+        }
         state.last_update_ns = Some(now);
         let last = state.last_update;
         state.lifetime.record_update(full, &last);
