@@ -137,6 +137,8 @@ pub(crate) struct State {
     update_gen: u64,
     /// Numbers the liveness-table walks; records carry the number of the last walk that saw them.
     walk_epoch: u32,
+    /// Records committed since the last walk (see `update`).
+    committed_since_walk: u64,
     /// When the last successful update ran; `None` before the first.
     last_update_ns: Option<i64>,
     last_update: LastUpdate,
@@ -211,6 +213,7 @@ impl HeapRecorder {
                 iterating: false,
                 update_gen: 0,
                 walk_epoch: 0,
+                committed_since_walk: 0,
                 last_update_ns: None,
                 last_update: LastUpdate::default(),
                 lifetime: Lifetime::default(),
@@ -459,6 +462,7 @@ impl HeapRecorder {
                 },
             );
             state.lifetime.deferred_recordings_committed += 1;
+            state.committed_since_walk += 1;
             committed += 1;
         }
         Ok(CommitOutcome::Committed(committed))

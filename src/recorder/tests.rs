@@ -928,3 +928,50 @@ fn record_outcome(rec: &HeapRecorder, vm: &mut FakeVm) -> RecordOutcome {
         .unwrap()
         .outcome
 }
+
+/// 20 old, alive records, already walked once (so no arrivals are pending).
+fn steady_old_heap() -> (HeapRecorder, FakeVm) {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    vm.walk_enabled = true;
+    for line in 0..20 {
+        record(&rec, &mut vm, "old", line);
+    }
+    rec.commit(&mut vm).unwrap();
+    for _ in 0..OLD_AGE {
+        vm.gc();
+    }
+    full_update(&rec, &mut vm);
+    assert_eq!(vm.walks, 1);
+    (rec, vm)
+}
+
+#[test]
+fn a_young_update_of_a_steady_old_heap_looks_up_its_few_young_records() {
+    let (rec, mut vm) = steady_old_heap();
+    record(&rec, &mut vm, "young", 1);
+    rec.commit(&mut vm).unwrap();
+    vm.gc();
+    let UpdateOutcome::Done(last) = rec.update(&mut vm, UpdateKind::Young).unwrap() else {
+        panic!("young update did not run")
+    };
+    assert_eq!((vm.walks, vm.lookup_calls), (1, 1));
+    assert_eq!((last.objects_alive, last.objects_skipped), (1, 20));
+}
+
+#[test]
+fn short_lived_arrivals_that_aged_past_young_make_a_young_update_walk() {
+    let (rec, mut vm) = steady_old_heap();
+    let arrivals: Vec<_> = (0..10).map(|i| record(&rec, &mut vm, "burst", i)).collect();
+    rec.commit(&mut vm).unwrap();
+    for _ in 0..OLD_AGE {
+        vm.gc();
+    }
+    arrivals.iter().for_each(|&o| vm.kill(o));
+    let UpdateOutcome::Done(last) = rec.update(&mut vm, UpdateKind::Young).unwrap() else {
+        panic!("young update did not run")
+    };
+    assert_eq!(vm.walks, 2);
+    assert_eq!(last.objects_dead, 10);
+    assert_eq!(rec.stats().unwrap().num_object_records, 20);
+}

@@ -13,6 +13,10 @@ pub const MIN_TIME_BETWEEN_UPDATES_NS: i64 = 2_000_000_000;
 /// Objects at least this many GCs old are left alone by young updates.
 pub const OLD_AGE: u64 = 3;
 
+/// A young update walks the liveness table, rather than looking its young records up one by one,
+/// when there is at least one young or newly arrived record in this many (see `update_locked`).
+const LOOKUPS_PER_WALKED_OBJECT: usize = 4;
+
 /// Most records an update walks (see `update_locked`): a walk costs 80 to 700 ns per record and
 /// lets no other thread run until it ends, so this keeps that pause near 100 ms at most on a small
 /// machine. Past it, updates look records up one by one.
@@ -57,7 +61,7 @@ impl HeapRecorder {
     }
 
     fn update_locked(&self, vm: &mut dyn Vm, full: bool) -> Result<UpdateOutcome> {
-        let (size_enabled, update_gen, now, total) = {
+        let (size_enabled, update_gen, now, total, walk_worth_it) = {
             let mut state = self.state()?;
             if state.iterating {
                 // Records must stay as the snapshot saw them until the iteration finishes.
@@ -81,15 +85,31 @@ impl HeapRecorder {
             state.update_gen = gc;
             state.last_update = LastUpdate::default();
             let total = state.object_records.len();
-            (state.options.size_enabled, gc, now, total)
+            // A walk costs about what a lookup does per LOOKUPS_PER_WALKED_OBJECT records, and it
+            // shows every record that died, old ones included. A young update walks when it has
+            // that many young records to look up anyway, or when that many records came in since
+            // the last walk (short-lived samples that aged past young before dying would pile up
+            // until a full update otherwise), or at max_tracked_objects (every dead record dropped
+            // makes room). A steady heap of old objects gets the cheap lookups of its few young.
+            let walk_worth_it = full || {
+                let young = |age: u64| age > 0 && age < OLD_AGE;
+                let visits = (state.object_records.values())
+                    .filter(|r| young(gc.saturating_sub(r.data.alloc_gen)))
+                    .count();
+                let arrivals = usize::try_from(state.committed_since_walk).unwrap_or(usize::MAX);
+                let full_up = total + state.pending.len() >= state.options.max_tracked_objects;
+                full_up
+                    || visits
+                        .saturating_add(arrivals)
+                        .saturating_mul(LOOKUPS_PER_WALKED_OBJECT)
+                        >= total
+            };
+            (state.options.size_enabled, gc, now, total, walk_worth_it)
         };
 
-        // One walk of the liveness table costs what a few one-by-one lookups do per record (a
-        // lookup is a Ruby method call into a large hash, a walk step is a yield), and it shows
-        // every record that died, old ones included, which lookups of young records alone would
-        // leave to a full update while short-lived samples pile up. So updates walk, up to
-        // WALK_MAX_RECORDS.
-        let walk = total <= WALK_MAX_RECORDS;
+        // A walk holds the GVL from start to end: past WALK_MAX_RECORDS, lookups, which let other
+        // threads in between, keep their waits short.
+        let walk = walk_worth_it && total <= WALK_MAX_RECORDS;
         let any_dead = match walk {
             true => self.update_by_walk(vm, full, update_gen, size_enabled)?,
             false => None,
@@ -186,6 +206,7 @@ impl HeapRecorder {
         }
 
         let mut state = self.state()?;
+        state.committed_since_walk = 0;
         let dead: Vec<i64> = (state.object_records.iter())
             .filter(|(_, r)| r.seen_in_walk != epoch)
             .map(|(&id, _)| id)
