@@ -202,14 +202,29 @@ proptest! {
         }
 
         // Finally everything dies: a commit and a full update after a GC leave nothing behind.
-        rec.commit(&mut vm).unwrap();
-        all_objects.iter().for_each(|&o| vm.kill(o));
-        vm.gc();
-        rec.update(&mut vm, UpdateKind::Full).unwrap();
-        let s = rec.stats().unwrap();
-        prop_assert_eq!((s.num_object_records, s.num_heap_records, s.string_refs), (0, 0, 0));
-        for id in seen_ids.iter().filter(|&&id| id != 0) {
-            prop_assert!(rec.strings().get(*id).is_err());
-        }
+        everything_dies(&rec, &mut vm, &all_objects, &seen_ids)?;
     }
+}
+
+/// Kills every object, commits and runs a full update after a GC; checks that no record, stack or
+/// string reference is left, and that every string id ever used is gone from the storage.
+pub(super) fn everything_dies(
+    rec: &HeapRecorder,
+    vm: &mut FakeVm,
+    objects: &[ObjectRef],
+    seen_ids: &HashSet<u32>,
+) -> Result<(), TestCaseError> {
+    rec.commit(vm).unwrap();
+    objects.iter().for_each(|&o| vm.kill(o));
+    vm.gc();
+    rec.update(vm, UpdateKind::Full).unwrap();
+    let s = rec.stats().unwrap();
+    prop_assert_eq!(
+        (s.num_object_records, s.num_heap_records, s.string_refs),
+        (0, 0, 0)
+    );
+    for id in seen_ids.iter().filter(|&&id| id != 0) {
+        prop_assert!(rec.strings().get(*id).is_err());
+    }
+    Ok(())
 }

@@ -307,14 +307,6 @@ proptest! {
             let expected: u64 = state.heap_records.iter().map(|(s, _)| refs_of(s)).sum();
             prop_assert_eq!(state.string_refs, expected);
         }
-        rec.commit(&mut vm).unwrap();
-        objects.iter().for_each(|&o| vm.kill(o));
-        vm.gc();
-        rec.update(&mut vm, UpdateKind::Full).unwrap();
-        let s = rec.stats().unwrap();
-        prop_assert_eq!((s.num_object_records, s.num_heap_records, s.string_refs), (0, 0, 0));
-        for id in seen_ids.iter().filter(|&&id| id != 0) {
-            prop_assert!(rec.strings().get(*id).is_err());
-        }
+        super::proptests::everything_dies(&rec, &mut vm, &objects, &seen_ids)?;
     }
 }
