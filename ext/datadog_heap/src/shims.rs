@@ -55,6 +55,8 @@ thread_local! {
     /// stack of `method_call_with_block`), or null.
     static BLOCK_BODY: std::cell::Cell<*mut std::ffi::c_void> =
         const { std::cell::Cell::new(std::ptr::null_mut()) };
+    /// Set when a block body panicked during the current `method_call_with_block`.
+    static BLOCK_PANICKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// The C function behind the block: hands the yielded values to the current `BlockBody`.
@@ -72,9 +74,11 @@ extern "C" fn run_block_body(
         // SAFETY: a non-null BLOCK_BODY points at the `BlockBody` that `method_call_with_block`
         // keeps on its stack until the method it calls has returned, and only this thread sees it.
         let body = unsafe { &mut *(body as *mut BlockBody) };
-        // A panic must not unwind through the VM's frames; the body is then left unfinished,
-        // which its owner sees (it counts what it visited).
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(args)));
+        // A panic must not unwind through the VM's frames: it is caught here, and the whole call
+        // then fails, so no caller acts on a walk that skipped an entry.
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(args))).is_err() {
+            BLOCK_PANICKED.with(|p| p.set(true));
+        }
     }
     rb_sys::Qnil as VALUE
 }
@@ -115,6 +119,7 @@ pub fn method_call_with_block<const N: usize>(
     let argc = N as std::os::raw::c_int;
     let mut body: BlockBody = &mut body;
     let previous = BLOCK_BODY.with(|b| b.replace(&mut body as *mut BlockBody as *mut _));
+    let panicked_before = BLOCK_PANICKED.with(|p| p.replace(false));
     // SAFETY: as in `method_call`; `block` is the Proc made at load, registered as a mark object.
     // `body` stays on this stack frame until the call returns, after which the pointer to it is
     // taken down again, so `run_block_body` never sees it dangling.
@@ -122,6 +127,12 @@ pub fn method_call_with_block<const N: usize>(
         rb_sys::rb_method_call_with_block(argc, raw.as_ptr(), method.as_raw(), block)
     });
     BLOCK_BODY.with(|b| b.set(previous));
+    if BLOCK_PANICKED.with(|p| p.replace(panicked_before)) {
+        return Err(crate::errors::heap_error(
+            ruby,
+            "internal error (Rust panic) in a block body; the call's result was discarded",
+        ));
+    }
     result.map(|_| ())
 }
 

@@ -4,13 +4,14 @@
 //! collected, so the entry lives exactly as long as the object: reading it back answers "is it
 //! alive?". We never store nil, so nil from a read always means "collected".
 //!
-//! The class and its `[]`/`[]=` methods are captured when the extension loads, each as
+//! The class and its `[]`, `[]=` and `each` methods are captured when the extension loads, each as
 //! `UnboundMethod#bind_call` already bound to it (a Method object), and called with
 //! `rb_method_call`, which runs a Method object without looking any name up. So code that later
 //! redefines `WeakMap#[]`, `#[]=`, or even `UnboundMethod#bind_call` does not change what we do.
 //!
-//! Both calls need the GVL, may raise, may let other threads run, and (before Ruby 3.3, where
-//! WeakMap registers finalizers) may allocate: never call them from the allocation hook.
+//! These calls need the GVL, may raise, may let other threads run, and may allocate (before Ruby
+//! 3.3 `[]=` registers finalizers; the call machinery makes a few internal objects): never call
+//! them from the allocation hook.
 
 use std::sync::OnceLock;
 
@@ -95,8 +96,8 @@ pub fn get(ruby: &Ruby, map: Value, record_id: i64) -> Result<Option<Value>, Err
 }
 
 /// Calls `visit(record_id, object)` for every entry whose object is alive (`WeakMap#each`, which
-/// skips collected ones). `visit` must not raise, call into Ruby, or allocate Ruby objects.
-/// Allocates nothing.
+/// skips collected ones). `visit` must not raise, call into Ruby, or allocate Ruby objects. Makes
+/// no Proc (one made at load serves every walk).
 pub fn walk(ruby: &Ruby, map: Value, mut visit: impl FnMut(i64, Value)) -> Result<(), Error> {
     let m = methods(ruby)?;
     shims::method_call_with_block(ruby, ruby.get_inner(m.each), [map], |pair| {
