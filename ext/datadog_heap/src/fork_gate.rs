@@ -5,8 +5,8 @@
 //! locked by a thread it does not have, and its first `profile` (or anything else that needs the
 //! storage) would wait forever. So the fork hook closes this gate and waits until no encoder is
 //! inside before the fork proceeds; encoders that arrive meanwhile wait outside until the fork is
-//! over. The forking thread keeps the GVL the whole time, and encoders never need it, so neither
-//! side can wait on the other in a cycle.
+//! over. Encoders waiting here do not hold the GVL, and one that runs with the GVL held (when Ruby
+//! refused to release it) does not wait, so neither side can wait on the other in a cycle.
 //!
 //! The two counters form a small Dekker-style handshake: an encoder announces itself, then looks
 //! at the gate; the forker closes the gate, then looks at the count. With sequentially consistent
@@ -33,8 +33,15 @@ impl Drop for EncoderPass {
     }
 }
 
-/// Enters as an encoder, waiting while a fork is being prepared. Call without the GVL (or with
-/// it, where no fork can be in preparation, since the forking thread holds the GVL throughout).
+/// Enters as an encoder running with the GVL held: no waiting. A fork needs the GVL, so none can
+/// happen until this encoder is done; and waiting here could deadlock with a forker that closed
+/// the gate, then let the GVL go (flushing IO before the fork) and needs it back.
+pub fn enter_encoder_with_gvl() -> EncoderPass {
+    ENCODERS.fetch_add(1, SeqCst);
+    EncoderPass(())
+}
+
+/// Enters as an encoder running without the GVL, waiting while a fork is being prepared.
 pub fn enter_encoder() -> EncoderPass {
     loop {
         ENCODERS.fetch_add(1, SeqCst);

@@ -403,8 +403,11 @@ impl Recorder {
                 sample_every: i64::try_from(rb_self.sample_every.get()).unwrap_or(i64::MAX),
                 ..EncodeOptions::default()
             };
-            let encoded = without_gvl(|| {
-                let _pass = crate::fork_gate::enter_encoder();
+            let encoded = without_gvl(|gvl_held| {
+                let _pass = match gvl_held {
+                    true => crate::fork_gate::enter_encoder_with_gvl(),
+                    false => crate::fork_gate::enter_encoder(),
+                };
                 encode_profile(&snapshot, &options)
             });
             let finished = rb_self.end_iteration(ruby);
@@ -607,7 +610,8 @@ fn name_live_objects(
 /// runs `f` with the GVL held.
 const GVL_RELEASE_ATTEMPTS: usize = 3;
 
-/// Runs `f` with the GVL released; `Ok(None)` if it panicked. `f` must not touch the VM.
+/// Runs `f` with the GVL released; `Ok(None)` if it panicked. `f` must not touch the VM; it is told
+/// whether it runs with the GVL held (the fallback below).
 ///
 /// Ruby will not release the GVL while any interrupt is pending for this thread, and a long stretch
 /// of GVL-held work with no interrupt check (a full update walking the WeakMap) usually ends with
@@ -615,19 +619,19 @@ const GVL_RELEASE_ATTEMPTS: usize = 3;
 /// interrupts are handled (`rb_thread_schedule`, which also lets those threads run) and the release
 /// tried again; an exception that handling raises (Thread#raise, Timeout) is returned, `f` not run.
 /// After `GVL_RELEASE_ATTEMPTS` refusals `f` runs with the GVL held.
-fn without_gvl<F: FnOnce() -> T, T>(f: F) -> Result<Option<T>, Error> {
+fn without_gvl<F: FnOnce(bool) -> T, T>(f: F) -> Result<Option<T>, Error> {
     struct Call<F, T> {
         f: Option<F>,
         out: Option<T>,
     }
-    extern "C" fn trampoline<F: FnOnce() -> T, T>(
+    extern "C" fn trampoline<F: FnOnce(bool) -> T, T>(
         data: *mut std::ffi::c_void,
     ) -> *mut std::ffi::c_void {
         // SAFETY: `data` is the `Call` below, alive on the caller's stack for the whole call.
         let call = unsafe { &mut *(data as *mut Call<F, T>) };
         if let Some(f) = call.f.take() {
             // A panic must not cross the C frame of rb_thread_call_without_gvl.
-            call.out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok();
+            call.out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(false))).ok();
         }
         std::ptr::null_mut()
     }
@@ -660,7 +664,7 @@ fn without_gvl<F: FnOnce() -> T, T>(f: F) -> Result<Option<T>, Error> {
     Ok(call
         .f
         .take()
-        .and_then(|f| std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).ok()))
+        .and_then(|f| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(true))).ok()))
 }
 
 /// An Integer argument as i64; TypeError for non-Integers, ArgumentError past 64 bits.
