@@ -18,7 +18,7 @@ RSpec.configure do |config|
   # minor GC instead (GC.stress flag 0x01): it frees any unmarked young object, which is what a
   # just-sampled object is, at a fraction of the cost. Slow either way: meant for CI and for
   # chasing a crash (`rake spec:gc_stress` runs a process per file).
-  stress = {"1" => true, "minor" => 0x01}[ENV["GC_STRESS"]]
+  stress = RecorderHelpers::GC_STRESS_SETTING
   if stress
     config.around do |example|
       GC.stress = stress

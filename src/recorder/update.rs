@@ -109,12 +109,12 @@ impl HeapRecorder {
 
         // A walk holds the GVL from start to end: past WALK_MAX_RECORDS, lookups, which let other
         // threads in between, keep their waits short.
-        let walk = walk_worth_it && total <= WALK_MAX_RECORDS;
-        let any_dead = match walk {
-            true => self.update_by_walk(vm, full, update_gen, size_enabled)?,
-            false => None,
+        let walked = if walk_worth_it && total <= WALK_MAX_RECORDS {
+            self.update_by_walk(vm, full, update_gen, size_enabled)?
+        } else {
+            None
         };
-        let any_dead = match any_dead {
+        let any_dead = match walked {
             Some(any_dead) => any_dead,
             None => self.update_by_lookup(vm, full, update_gen, size_enabled)?,
         };

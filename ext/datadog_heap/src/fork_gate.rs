@@ -55,15 +55,14 @@ pub fn enter_encoder() -> EncoderPass {
     }
 }
 
-/// Closes the gate and waits for encoders inside to leave. Returns how long it waited. Called by
+/// Closes the gate and waits (up to `MAX_FORK_WAIT`) for encoders inside to leave. Called by
 /// the fork hook with the GVL held, right before the fork.
-pub fn before_fork() -> Duration {
+pub fn before_fork() {
     FORKING.store(true, SeqCst);
     let started = Instant::now();
     while ENCODERS.load(SeqCst) != 0 && started.elapsed() < MAX_FORK_WAIT {
         std::thread::sleep(Duration::from_micros(100));
     }
-    started.elapsed()
 }
 
 /// Opens the gate again: in the parent after the fork (or after a failed fork), and in the child,

@@ -41,9 +41,9 @@ fn after_fork_all(ruby: &Ruby) -> Result<(), Error> {
 }
 
 /// Runs right before a fork, GVL held: waits until no profile is being encoded on another thread
-/// (see `fork_gate`). Returns the seconds it waited.
-fn before_fork() -> f64 {
-    fork_gate::before_fork().as_secs_f64()
+/// (see `fork_gate`).
+fn before_fork() {
+    fork_gate::before_fork();
 }
 
 /// Runs in the parent after a fork, or after a fork that failed.

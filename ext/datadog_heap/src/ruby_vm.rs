@@ -56,19 +56,12 @@ impl Vm for RubyVm<'_> {
         measure_size: bool,
     ) -> datadog_heap_core::Result<Option<LiveInfo>> {
         let found = weak_map::get(self.ruby, self.weak_map, record_id).map_err(|e| self.keep(e))?;
-        Ok(found.map(|object| LiveInfo {
-            frozen: shims::is_frozen(object),
-            size: measure_size.then(|| shims::memsize_of(object)),
-        }))
+        Ok(found.map(|object| live_info(object, measure_size)))
     }
 
     fn walk_live(&mut self, visit: WalkVisitor<'_>) -> datadog_heap_core::Result<bool> {
         weak_map::walk(self.ruby, self.weak_map, |record_id, object| {
-            let probe = |measure_size: bool| LiveInfo {
-                frozen: shims::is_frozen(object),
-                size: measure_size.then(|| shims::memsize_of(object)),
-            };
-            visit(record_id, &probe);
+            visit(record_id, &|measure_size| live_info(object, measure_size));
         })
         .map(|()| true)
         .map_err(|e| self.keep(e))
@@ -84,6 +77,14 @@ impl Vm for RubyVm<'_> {
 
     fn now_ns(&self) -> i64 {
         monotonic_ns()
+    }
+}
+
+/// What a liveness check tells about a live object; measures it only when asked.
+fn live_info(object: Value, measure_size: bool) -> LiveInfo {
+    LiveInfo {
+        frozen: shims::is_frozen(object),
+        size: measure_size.then(|| shims::memsize_of(object)),
     }
 }
 
