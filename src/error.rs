@@ -28,8 +28,8 @@ pub enum HeapError {
     #[error("record ids exhausted: the next id would pass the Fixnum maximum ({max}); recording is disabled")]
     RecordIdsExhausted { max: i64 },
 
-    #[error("weight {weight} times sample_rate {sample_rate} does not fit in 32 bits")]
-    WeightOverflow { weight: u32, sample_rate: u32 },
+    #[error("weight {weight} times sample_rate {sample_rate} does not fit in 64 bits")]
+    WeightOverflow { weight: u64, sample_rate: u32 },
 
     #[error("heap record already tracks {count} objects, the most one stack can hold")]
     TooManyObjectsForStack { count: u32 },

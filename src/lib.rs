@@ -24,11 +24,11 @@ pub use pprof::{
     SampleData, SampleType, Site, SiteDiff, SortBy, SourceFrame,
 };
 pub use recorder::{
-    CommitOutcome, HeapRecorder, LiveObject, LiveObjectData, RecordOutcome, Recorded,
+    CommitOutcome, HeapRecorder, LiveObject, LiveObjectData, Names, RecordOutcome, Recorded,
     RecorderOptions, Snapshot, UpdateKind, UpdateOutcome, DEFAULT_MAX_TRACKED_OBJECTS,
     MAX_PENDING_RECORDINGS,
 };
-pub use stack::{Frame, RawFrame, Stack};
+pub use stack::{truncation, Frame, RawFrame, Stack};
 pub use stack_cache::{FrameSource, RawStackKey, STACK_CACHE_SLOTS};
 pub use stats::{StatValue, Stats};
 pub use vm::{LiveInfo, ObjectRef, Probe, Vm, WalkVisitor};

@@ -182,6 +182,19 @@ impl HeapRecords {
     }
 }
 
+/// How a stack of `depth` frames is cut to `max_frames`: the frames kept (innermost first) and,
+/// when some were dropped, the name of the one frame that stands for them at the end. `open_ended`
+/// says the capture filled its buffer, so more frames may have been dropped than it saw.
+pub fn truncation(depth: usize, max_frames: usize, open_ended: bool) -> (usize, Option<String>) {
+    if depth <= max_frames {
+        return (depth, None);
+    }
+    let keep = max_frames.saturating_sub(1);
+    let dropped = depth - keep;
+    let plus = if open_ended { "+" } else { "" };
+    (keep, Some(format!("({dropped}{plus} frames truncated)")))
+}
+
 fn release_ids(strings: &mut Batch<'_>, frames: &[Frame]) {
     // Unintern of an id we interned moments ago cannot fail short of a storage bug; there is
     // nothing better to do with such a failure than to carry on giving back the rest.
@@ -192,6 +205,21 @@ fn release_ids(strings: &mut Batch<'_>, frames: &[Frame]) {
 mod tests {
     use super::*;
     use crate::strings::Strings;
+
+    #[test]
+    fn truncation_keeps_max_frames_in_all_marker_included() {
+        assert_eq!(truncation(5, 5, false), (5, None));
+        assert_eq!(truncation(5, 5, true), (5, None));
+        assert_eq!(
+            truncation(10, 4, false),
+            (3, Some("(7 frames truncated)".into()))
+        );
+        assert_eq!(
+            truncation(10, 4, true),
+            (3, Some("(7+ frames truncated)".into()))
+        );
+        assert_eq!(truncation(3, 1, false).0, 0);
+    }
 
     fn raw(frames: &[(&'static str, &'static str, i32)]) -> Vec<RawFrame<'static>> {
         frames

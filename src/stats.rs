@@ -28,7 +28,6 @@ pub struct Lifetime {
     pub recordings_attempted: u64,
     pub recordings_skipped_sample_rate: u64,
     pub recordings_skipped_locked: u64,
-    pub recordings_skipped_storage_busy: u64,
     pub recordings_skipped_max_tracked: u64,
     pub recordings_failed: u64,
     pub commits_skipped_locked: u64,
@@ -137,10 +136,6 @@ impl Stats {
             (
                 "lifetime_recordings_skipped_locked",
                 C(l.recordings_skipped_locked),
-            ),
-            (
-                "lifetime_recordings_skipped_storage_busy",
-                C(l.recordings_skipped_storage_busy),
             ),
             (
                 "lifetime_recordings_skipped_max_tracked",

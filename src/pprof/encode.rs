@@ -1,11 +1,8 @@
 //! Snapshot -> gzip pprof.
 //!
-//! Contract: runs on a thread without the GVL. It reads the snapshot (which owns what it refers
-//! to) and takes the string storage's mutex, a chunk of names at a time, to copy out the strings
-//! it needs; it makes no VM call and never needs the GVL while holding the mutex, so it cannot
-//! deadlock with a Ruby thread that waits for the mutex. While it holds the mutex the allocation
-//! hook skips its samples (and counts them), so the holds stay short. Allocates with Rust's
-//! allocator only.
+//! Contract: runs on a thread without the GVL. It reads only the snapshot, which owns what it
+//! refers to, names included: no VM call, no lock, nothing of the recorder's. So nothing a forked
+//! child inherits can be left half-held by it. Allocates with Rust's allocator only.
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
@@ -19,9 +16,9 @@ use prost::Message;
 use rustc_hash::FxHasher;
 
 use crate::error::{HeapError, Result};
-use crate::recorder::Snapshot;
+use crate::recorder::{Names, Snapshot};
 use crate::stack::{Frame, Stack};
-use crate::strings::{StringId, Strings};
+use crate::strings::StringId;
 
 use super::{
     CLASS_LABEL, GEN_AGE_LABEL, LIVE_SAMPLES_TYPE, LIVE_SAMPLES_UNIT, LIVE_SIZE_TYPE,
@@ -29,9 +26,6 @@ use super::{
 };
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
-
-/// Names copied out of the storage per lock: bounds how long the hook can find it busy.
-const NAMES_PER_LOCK: usize = 512;
 
 /// gzip level 1. On the `encode_bench` heap (100k objects, 5k stacks, 100k samples) it takes
 /// 12 ms for 0.81 MB where the default level 6 takes 116 ms for 0.61 MB: nine times the CPU for a
@@ -143,7 +137,7 @@ fn build_profile(snapshot: &Snapshot, options: &EncodeOptions) -> Result<(pb::Pr
             aggregates.len() - 1
         });
         if let Some(aggregate) = aggregates.get_mut(slot) {
-            let weight = i64::from(data.weight);
+            let weight = i64::try_from(data.weight).unwrap_or(i64::MAX);
             let size = i64::try_from(data.size).unwrap_or(i64::MAX);
             aggregate.objects = aggregate.objects.saturating_add(weight);
             aggregate.bytes = aggregate.bytes.saturating_add(weight.saturating_mul(size));
@@ -213,8 +207,7 @@ fn build_profile(snapshot: &Snapshot, options: &EncodeOptions) -> Result<(pb::Pr
         samples,
         locations: tables.locations,
         functions: tables.functions,
-        // The only step that takes the storage's mutex.
-        string_table: strings.resolve(snapshot.strings())?,
+        string_table: strings.resolve(snapshot.names())?,
         time_nanos: nanos(start.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO)),
         duration_nanos: nanos(end.duration_since(start).unwrap_or(Duration::ZERO)),
         period_type,
@@ -283,7 +276,7 @@ impl LocationTables {
 }
 
 /// The pprof string table being built: our own fixed strings, plus slots for storage ids whose
-/// text is copied in at the end, in a few short holds of the storage's mutex.
+/// text is copied in from the snapshot's names at the end.
 struct StringTable {
     strings: Vec<String>,
     fixed: FxMap<&'static str, i64>,
@@ -330,20 +323,13 @@ impl StringTable {
         index
     }
 
-    /// Copies the storage strings in and returns the finished table. The snapshot keeps every id
-    /// it refers to interned, so a missing one is a recorder bug, reported with the id.
-    fn resolve(mut self, storage: &Strings) -> Result<Vec<String>> {
-        for chunk in self.unresolved.chunks(NAMES_PER_LOCK) {
-            let batch = storage.lock()?;
-            for &(id, slot) in chunk {
-                let text = batch.get(id).map_err(|e| {
-                    HeapError::Pprof(format!(
-                        "string id {id} of the snapshot is not in the string storage: {e}"
-                    ))
-                })?;
-                if let Some(entry) = self.strings.get_mut(slot) {
-                    *entry = text;
-                }
+    /// Copies the names in and returns the finished table. The snapshot holds the text of every
+    /// id it refers to, so a missing one is a recorder bug, reported with the id.
+    fn resolve(mut self, names: &Names) -> Result<Vec<String>> {
+        for &(id, slot) in &self.unresolved {
+            let text = names.get(id)?;
+            if let Some(entry) = self.strings.get_mut(slot) {
+                *entry = text.to_owned();
             }
         }
         Ok(self.strings)

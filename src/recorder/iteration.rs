@@ -1,13 +1,18 @@
 //! Iteration over a point-in-time snapshot of the tracked objects.
 //!
-//! `prepare_iteration` runs a full update and copies the records; while the snapshot exists no
-//! update runs, so every id it refers to stays interned. The snapshot owns what it reads (stacks
-//! are shared `Arc`s, the storage is behind its mutex), so it can be walked and encoded on a
-//! thread that does not hold the GVL.
+//! `prepare_iteration` runs a full update, copies the records and the text of every string they
+//! name (each distinct one once). The snapshot then owns all it reads (stacks are shared `Arc`s,
+//! names are its own copies), so it can be walked and encoded on a thread that does not hold the
+//! GVL without touching the recorder or its string storage.
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+
+use rustc_hash::{FxHashSet, FxHasher};
 
 use crate::error::{HeapError, Result};
 use crate::stack::Stack;
-use crate::strings::Strings;
+use crate::strings::StringId;
 use crate::vm::Vm;
 
 use super::{HeapRecorder, LiveObjectData, UpdateKind};
@@ -23,9 +28,36 @@ pub struct LiveObject {
     pub data: LiveObjectData,
 }
 
+/// The text of the strings a snapshot refers to, by storage id.
+#[derive(Debug, Default)]
+pub struct Names {
+    texts: HashMap<StringId, Box<str>, BuildHasherDefault<FxHasher>>,
+}
+
+impl Names {
+    /// The text of `id`; "" for id 0. An id the snapshot does not refer to is an error naming it.
+    pub fn get(&self, id: StringId) -> Result<&str> {
+        if id == 0 {
+            return Ok("");
+        }
+        self.texts.get(&id).map(|t| &**t).ok_or_else(|| {
+            HeapError::Pprof(format!("string id {id} is not one of the snapshot's names"))
+        })
+    }
+
+    /// Distinct non-empty strings held.
+    pub fn len(&self) -> usize {
+        self.texts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.texts.is_empty()
+    }
+}
+
 pub struct Snapshot {
     objects: Vec<LiveObject>,
-    strings: Strings,
+    names: Names,
     size_enabled: bool,
 }
 
@@ -40,8 +72,9 @@ impl Snapshot {
         }
     }
 
-    pub fn strings(&self) -> &Strings {
-        &self.strings
+    /// Every name (frame names and files, class names) the snapshot's objects refer to.
+    pub fn names(&self) -> &Names {
+        &self.names
     }
 
     pub fn size_enabled(&self) -> bool {
@@ -59,8 +92,8 @@ impl Snapshot {
 }
 
 impl HeapRecorder {
-    /// Full update, then a snapshot of every record. Fails if an iteration is already prepared.
-    /// Needs the GVL; may lose it during the update.
+    /// Full update, then a snapshot of every record and of the names they use. Fails if an
+    /// iteration is already prepared. Needs the GVL; may lose it during the update, not after.
     pub fn prepare_iteration(&self, vm: &mut dyn Vm) -> Result<Snapshot> {
         if self.state_ref()?.iterating {
             return Err(HeapError::IterationInProgress);
@@ -71,7 +104,7 @@ impl HeapRecorder {
             // Another thread prepared one while the update let it run.
             return Err(HeapError::IterationInProgress);
         }
-        let objects = state
+        let objects: Vec<LiveObject> = state
             .object_records
             .iter()
             .map(|(&record_id, r)| LiveObject {
@@ -80,12 +113,41 @@ impl HeapRecorder {
                 data: r.data,
             })
             .collect();
+        let names = self.names_of(&objects)?;
         state.iterating = true;
         Ok(Snapshot {
             objects,
-            strings: self.strings.clone(),
+            names,
             size_enabled: state.options.size_enabled,
         })
+    }
+
+    /// The text of every string `objects` refer to, read from the storage in one hold of its lock.
+    /// Each distinct stack is looked at once (stacks are shared), so this costs about one hash
+    /// lookup per frame of each distinct stack plus one per object.
+    fn names_of(&self, objects: &[LiveObject]) -> Result<Names> {
+        let mut seen_stacks: FxHashSet<*const crate::stack::Frame> = FxHashSet::default();
+        let mut ids: FxHashSet<StringId> = FxHashSet::default();
+        for object in objects {
+            ids.insert(object.data.class);
+            if seen_stacks.insert(object.stack.as_ptr()) {
+                for frame in object.stack.iter() {
+                    ids.insert(frame.name);
+                    ids.insert(frame.filename);
+                }
+            }
+        }
+        ids.remove(&0);
+        let strings = self.strings.lock()?;
+        let mut names = Names::default();
+        names.texts.reserve(ids.len());
+        for id in ids {
+            let text = strings.get(id).map_err(|e| {
+                HeapError::Pprof(format!("string id {id} of a record is not interned: {e}"))
+            })?;
+            names.texts.insert(id, text.into_boxed_str());
+        }
+        Ok(names)
     }
 
     /// Ends the iteration; updates may run again.

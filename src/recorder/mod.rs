@@ -24,7 +24,7 @@ use crate::stats::{LastUpdate, Lifetime, Stats};
 use crate::strings::{Batch, StringId, Strings};
 use crate::vm::{ObjectRef, Vm};
 
-pub use iteration::{LiveObject, Snapshot};
+pub use iteration::{LiveObject, Names, Snapshot};
 pub use update::{UpdateKind, UpdateOutcome};
 
 /// Most recordings that may wait for a commit.
@@ -33,8 +33,9 @@ pub const MAX_PENDING_RECORDINGS: usize = 256;
 /// What the recorder knows of one tracked object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LiveObjectData {
-    /// Allocations this object stands for (sampler weight times heap sample rate).
-    pub weight: u32,
+    /// Allocations this object stands for (sampler weight times heap sample rate). 64 bits: a
+    /// 32-bit weight times a 32-bit rate always fits.
+    pub weight: u64,
     /// Interned class name; 0 when unknown.
     pub class: StringId,
     /// GC count when it was allocated.
@@ -102,8 +103,6 @@ pub enum RecordOutcome {
     SkippedBufferFull,
     /// `max_tracked_objects` reached.
     SkippedMaxTracked,
-    /// The string storage is busy with a profile being encoded off the GVL.
-    SkippedStorageBusy,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,7 +127,6 @@ pub(crate) struct State {
     /// Raw stack key -> a stack in `heap_records`; holds no reference (see stack_cache.rs).
     stack_cache: StackCache,
     object_records: FxMap<i64, ObjectRecord>,
-    pending: Vec<PendingRecording>,
     next_record_id: i64,
     /// Recordings seen since the last one kept, against `sample_rate`.
     since_last_kept: u32,
@@ -150,6 +148,10 @@ pub(crate) struct State {
 pub struct HeapRecorder {
     lock: SoftLock,
     state: RefCell<State>,
+    /// Recordings waiting for a commit. Apart from `state` so that the binding's GC mark, which can
+    /// run whenever the VM allocates, always finds them: `state` stays borrowed across calls that
+    /// may allocate (an object's size function, during updates), this never does.
+    pending: RefCell<Vec<PendingRecording>>,
     strings: Strings,
 }
 
@@ -207,7 +209,6 @@ impl HeapRecorder {
                 heap_records: HeapRecords::default(),
                 stack_cache: StackCache::default(),
                 object_records: FxMap::default(),
-                pending: Vec::with_capacity(MAX_PENDING_RECORDINGS),
                 next_record_id: 0,
                 since_last_kept: 0,
                 iterating: false,
@@ -219,8 +220,19 @@ impl HeapRecorder {
                 lifetime: Lifetime::default(),
                 string_refs: 0,
             }),
+            pending: RefCell::new(Vec::with_capacity(MAX_PENDING_RECORDINGS)),
             strings: Strings::new(),
         }
+    }
+
+    fn pending(&self) -> Result<RefMut<'_, Vec<PendingRecording>>> {
+        self.pending.try_borrow_mut().map_err(|_| {
+            HeapError::Host("pending recordings are already in use (reentrant call)".into())
+        })
+    }
+
+    fn pending_len(&self) -> Result<usize> {
+        Ok(self.pending()?.len())
     }
 
     pub(crate) fn state(&self) -> Result<RefMut<'_, State>> {
@@ -276,7 +288,7 @@ impl HeapRecorder {
     pub fn record_allocation(
         &self,
         object: ObjectRef,
-        weight: u32,
+        weight: u64,
         class_name: Option<&str>,
         frames: &[RawFrame<'_>],
         alloc_gen: u64,
@@ -291,36 +303,47 @@ impl HeapRecorder {
     pub fn record_allocation_from<S: FrameSource + ?Sized>(
         &self,
         object: ObjectRef,
-        weight: u32,
+        weight: u64,
         class_name: Option<&str>,
         source: &S,
         alloc_gen: u64,
     ) -> Result<Recorded> {
         let mut state = self.state()?;
+        let mut pending = self.pending()?;
         state.lifetime.recordings_attempted += 1;
-        let result =
-            self.record_locked_state(&mut state, object, weight, class_name, source, alloc_gen);
+        let result = self.record_locked_state(
+            &mut state,
+            &mut pending,
+            object,
+            weight,
+            class_name,
+            source,
+            alloc_gen,
+        );
         if result.is_err() {
             state.lifetime.recordings_failed += 1;
         }
         result
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn record_locked_state<S: FrameSource + ?Sized>(
         &self,
         state: &mut State,
+        pending: &mut Vec<PendingRecording>,
         object: ObjectRef,
-        weight: u32,
+        weight: u64,
         class_name: Option<&str>,
         source: &S,
         alloc_gen: u64,
     ) -> Result<Recorded> {
         // Anything pending asks for a commit, even when this allocation is skipped: a commit that
         // was asked for earlier may not have run yet.
-        let skipped = |state: &mut State, outcome| {
+        let needs_commit = !pending.is_empty();
+        let skipped = |_: &mut State, outcome| {
             Ok(Recorded {
                 outcome,
-                needs_commit: !state.pending.is_empty(),
+                needs_commit,
             })
         };
 
@@ -338,27 +361,27 @@ impl HeapRecorder {
             state.lifetime.recordings_skipped_locked += 1;
             return skipped(state, RecordOutcome::SkippedLocked);
         }
-        if state.pending.len() >= MAX_PENDING_RECORDINGS {
+        if pending.len() >= MAX_PENDING_RECORDINGS {
             state.lifetime.deferred_recordings_skipped_buffer_full += 1;
             return skipped(state, RecordOutcome::SkippedBufferFull);
         }
-        if state.object_records.len() + state.pending.len() >= state.options.max_tracked_objects {
+        if state.object_records.len() + pending.len() >= state.options.max_tracked_objects {
             state.lifetime.recordings_skipped_max_tracked += 1;
             return skipped(state, RecordOutcome::SkippedMaxTracked);
         }
-        let Some(mut strings) = self.strings.try_lock() else {
-            state.lifetime.recordings_skipped_storage_busy += 1;
-            return skipped(state, RecordOutcome::SkippedStorageBusy);
-        };
+        // Nothing holds the storage across a VM call or off the GVL, so it is free whenever the
+        // VM allocates; finding it held is a bug, reported rather than waited on.
+        let mut strings = self.strings.try_lock().ok_or_else(|| {
+            HeapError::Host("the string storage is held during an allocation".into())
+        })?;
         state.since_last_kept = 0;
 
-        let weight =
-            weight
-                .checked_mul(state.options.sample_rate)
-                .ok_or(HeapError::WeightOverflow {
-                    weight,
-                    sample_rate: state.options.sample_rate,
-                })?;
+        let weight = weight
+            .checked_mul(u64::from(state.options.sample_rate))
+            .ok_or(HeapError::WeightOverflow {
+                weight,
+                sample_rate: state.options.sample_rate,
+            })?;
         let class = strings.intern(class_name.unwrap_or(""))?;
         let (stack, fresh) = match acquire_stack(state, &mut strings, source) {
             Ok(acquired) => acquired,
@@ -371,7 +394,7 @@ impl HeapRecorder {
         state.next_record_id += 1;
         let record_id = state.next_record_id;
         state.string_refs += u64::from(class != 0) + if fresh { refs_of(&stack) } else { 0 };
-        state.pending.push(PendingRecording {
+        pending.push(PendingRecording {
             object,
             record_id,
             stack,
@@ -412,9 +435,15 @@ impl HeapRecorder {
 
     /// Calls `f` with every pending object; the binding marks them so none is collected (or
     /// moved) before its commit. Never allocates, never calls the VM.
-    pub fn for_each_pending_object(&self, mut f: impl FnMut(ObjectRef)) {
-        if let Ok(state) = self.state.try_borrow() {
-            state.pending.iter().for_each(|p| f(p.object));
+    /// Returns false, having called nothing, when the queue is borrowed, which no caller does
+    /// across an allocation (so never during a GC).
+    pub fn for_each_pending_object(&self, mut f: impl FnMut(ObjectRef)) -> bool {
+        match self.pending.try_borrow() {
+            Ok(pending) => {
+                pending.iter().for_each(|p| f(p.object));
+                true
+            }
+            Err(_) => false,
         }
     }
 
@@ -431,17 +460,14 @@ impl HeapRecorder {
         let _unlock = LockGuard(&self.lock);
         let mut committed = 0;
         loop {
-            let next = {
-                let state = self.state_ref()?;
-                state.pending.last().map(|p| (p.record_id, p.object))
-            };
+            let next = (self.pending()?.last()).map(|p| (p.record_id, p.object));
             let Some((record_id, object)) = next else {
                 break;
             };
             vm.remember(record_id, object)?;
 
             let mut state = self.state()?;
-            let Some(pending) = state.pending.pop() else {
+            let Some(pending) = self.pending()?.pop() else {
                 break;
             };
             if state.object_records.contains_key(&pending.record_id) {
@@ -494,7 +520,7 @@ impl HeapRecorder {
         Ok(Stats {
             num_object_records: state.object_records.len() as u64,
             num_heap_records: state.heap_records.len() as u64,
-            pending_recordings_count: state.pending.len() as u64,
+            pending_recordings_count: self.pending_len()? as u64,
             last_update: state.last_update,
             lifetime: state.lifetime,
             string_refs: state.string_refs,
@@ -503,9 +529,9 @@ impl HeapRecorder {
 
     /// Whether anything waits for a commit. Cheap (no stats snapshot); usable from the hook.
     pub fn has_pending(&self) -> bool {
-        self.state
+        self.pending
             .try_borrow()
-            .map(|s| !s.pending.is_empty())
+            .map(|p| !p.is_empty())
             .unwrap_or(false)
     }
 
@@ -563,13 +589,13 @@ impl HeapRecorder {
     /// Approximate heap bytes held by the recorder (records, stacks, queue), for
     /// `ObjectSpace.memsize_of`. Does not count the string storage, which is not introspectable.
     pub fn memsize(&self) -> usize {
-        let Ok(state) = self.state.try_borrow() else {
+        let (Ok(state), Ok(pending)) = (self.state.try_borrow(), self.pending.try_borrow()) else {
             return std::mem::size_of::<Self>();
         };
         let object_entry = std::mem::size_of::<(i64, ObjectRecord)>() + 1;
         std::mem::size_of::<Self>()
             + state.object_records.capacity() * object_entry
-            + state.pending.capacity() * std::mem::size_of::<PendingRecording>()
+            + pending.capacity() * std::mem::size_of::<PendingRecording>()
             + state.heap_records.memsize()
             + state.stack_cache.memsize()
             + state.string_refs as usize * 8

@@ -62,7 +62,7 @@ fn check(
     let state = rec.state().unwrap();
 
     // Each object the model says is tracked is exactly one pending or committed record.
-    let mut tracked: Vec<ObjectRef> = state.pending.iter().map(|p| p.object).collect();
+    let mut tracked: Vec<ObjectRef> = rec.pending().unwrap().iter().map(|p| p.object).collect();
     tracked.extend(state.object_records.keys().map(|id| vm.table[id]));
     let tracked_set: HashSet<_> = tracked.iter().copied().collect();
     assert_eq!(tracked.len(), tracked_set.len(), "an object tracked twice");
@@ -70,16 +70,13 @@ fn check(
 
     // Heap record counts equal the records pointing at them.
     let mut claims: HashMap<&[Frame], u32> = HashMap::new();
-    let stacks = state
-        .pending
-        .iter()
-        .map(|p| (&p.stack, p.data.class))
-        .chain(
-            state
-                .object_records
-                .values()
-                .map(|r| (&r.stack, r.data.class)),
-        );
+    let pending = rec.pending().unwrap();
+    let stacks = pending.iter().map(|p| (&p.stack, p.data.class)).chain(
+        state
+            .object_records
+            .values()
+            .map(|r| (&r.stack, r.data.class)),
+    );
     let mut live_ids = HashSet::new();
     let mut class_refs = 0;
     for (stack, class) in stacks {
@@ -136,8 +133,8 @@ proptest! {
                     if pending.len() < MAX_PENDING_RECORDINGS {
                         prop_assert_eq!(r.outcome, RecordOutcome::Pending);
                         pending.push(obj);
-                        let state = rec.state().unwrap();
-                        let p = state.pending.last().unwrap();
+                        let queue = rec.pending().unwrap();
+                        let p = queue.last().unwrap();
                         seen_ids.extend(p.stack.iter().flat_map(|f| [f.name, f.filename]));
                         seen_ids.insert(p.data.class);
                     } else {

@@ -83,7 +83,7 @@ fn names_of(rec: &HeapRecorder, stack: &Stack) -> Vec<String> {
 }
 
 fn newest_pending_names(rec: &HeapRecorder) -> Vec<String> {
-    let stack = rec.state().unwrap().pending.last().unwrap().stack.clone();
+    let stack = rec.pending().unwrap().last().unwrap().stack.clone();
     names_of(rec, &stack)
 }
 
@@ -106,7 +106,8 @@ fn a_hit_shares_the_record_and_names_nothing() {
     // Each hit adds only the class name's reference.
     assert_eq!(s.string_refs, after_one + 2);
     let state = rec.state().unwrap();
-    let (first, last) = (&state.pending[0].stack, &state.pending[2].stack);
+    let pending = rec.pending().unwrap();
+    let (first, last) = (&pending[0].stack, &pending[2].stack);
     assert!(Arc::ptr_eq(first, last));
     assert_eq!(state.heap_records.count(first), 3);
 }
@@ -202,7 +203,7 @@ fn count_limit_on_a_hit_is_an_error_that_changes_nothing() {
     let mut vm = FakeVm::new();
     let site = Captured::new(&[100], 0, frames(&["full"]));
     record(&rec, &mut vm, &site);
-    let stack = rec.state().unwrap().pending[0].stack.clone();
+    let stack = rec.pending().unwrap()[0].stack.clone();
     rec.state()
         .unwrap()
         .heap_records
@@ -285,8 +286,8 @@ proptest! {
                     if r.outcome == RecordOutcome::Pending {
                         objects.push(obj);
                         prop_assert_eq!(newest_pending_names(&rec), names);
-                        let state = rec.state().unwrap();
-                        let stack = &state.pending.last().unwrap().stack;
+                        let queue = rec.pending().unwrap();
+                        let stack = &queue.last().unwrap().stack;
                         seen_ids.extend(stack.iter().flat_map(|f| [f.name, f.filename]));
                     }
                 }

@@ -251,6 +251,28 @@ fn zero_sample_rate_is_rejected_with_the_value() {
 }
 
 #[test]
+fn a_32_bit_weight_times_a_large_rate_is_kept_whole() {
+    // sample_every: 65536, sample_rate: 65536 overflowed 32-bit weights at the first kept sample.
+    let rec = HeapRecorder::new(RecorderOptions {
+        sample_rate: 65_536,
+        size_enabled: true,
+        ..RecorderOptions::default()
+    });
+    let mut vm = FakeVm::new();
+    let o = vm.alloc(1);
+    let outcomes: Vec<RecordOutcome> = (0..65_536)
+        .map(|_| {
+            rec.record_allocation(o, 65_536, Some("X"), &frames("a", 1), 0)
+                .unwrap()
+                .outcome
+        })
+        .collect();
+    assert_eq!(outcomes.last(), Some(&RecordOutcome::Pending));
+    assert_eq!(rec.pending().unwrap()[0].data.weight, 1 << 32);
+    assert_eq!(rec.stats().unwrap().lifetime.recordings_failed, 0);
+}
+
+#[test]
 fn weight_overflow_is_an_error_that_leaves_nothing_behind() {
     let rec = HeapRecorder::new(RecorderOptions {
         sample_rate: 2,
@@ -259,10 +281,10 @@ fn weight_overflow_is_an_error_that_leaves_nothing_behind() {
     });
     let mut vm = FakeVm::new();
     let o = vm.alloc(1);
-    rec.record_allocation(o, u32::MAX, Some("X"), &frames("a", 1), 0)
+    rec.record_allocation(o, u64::MAX, Some("X"), &frames("a", 1), 0)
         .unwrap();
     let err = rec
-        .record_allocation(o, u32::MAX, Some("X"), &frames("a", 1), 0)
+        .record_allocation(o, u64::MAX, Some("X"), &frames("a", 1), 0)
         .unwrap_err();
     assert!(matches!(err, HeapError::WeightOverflow { .. }));
     let s = rec.stats().unwrap();
@@ -291,15 +313,16 @@ fn recording_skips_while_the_lock_is_held() {
 }
 
 #[test]
-fn recording_skips_while_the_encoder_holds_the_strings() {
+fn a_held_string_storage_is_an_error_not_a_wait_nor_a_silent_skip() {
     let rec = HeapRecorder::default();
     let mut vm = FakeVm::new();
     let o = vm.alloc(1);
     let held = rec.strings().lock().unwrap();
-    let r = rec
+    let err = rec
         .record_allocation(o, 1, None, &frames("a", 1), 0)
-        .unwrap();
-    assert_eq!(r.outcome, RecordOutcome::SkippedStorageBusy);
+        .unwrap_err();
+    assert!(err.to_string().contains("string storage"), "{err}");
+    assert_eq!(rec.stats().unwrap().lifetime.recordings_failed, 1);
     drop(held);
     let r = rec
         .record_allocation(o, 1, None, &frames("a", 1), 0)
@@ -315,7 +338,7 @@ fn record_ids_past_the_fixnum_max_disable_recording() {
     let o = vm.alloc(1);
     rec.record_allocation(o, 1, None, &frames("a", 1), 0)
         .unwrap();
-    assert_eq!(rec.state().unwrap().pending[0].record_id, FIXNUM_MAX);
+    assert_eq!(rec.pending().unwrap()[0].record_id, FIXNUM_MAX);
     for _ in 0..3 {
         let err = rec
             .record_allocation(o, 1, None, &frames("a", 1), 0)
@@ -596,7 +619,7 @@ fn snapshot_names_survive_on_another_thread() {
     let names = std::thread::spawn(move || {
         let mut names = vec![];
         snap.for_each_live(|o| {
-            names.push(snap.strings().get(o.stack[0].name).unwrap());
+            names.push(snap.names().get(o.stack[0].name).unwrap().to_owned());
             true
         });
         names

@@ -61,6 +61,7 @@ impl HeapRecorder {
     }
 
     fn update_locked(&self, vm: &mut dyn Vm, full: bool) -> Result<UpdateOutcome> {
+        let pending = self.pending_len()?;
         let (size_enabled, update_gen, now, total, walk_worth_it) = {
             let mut state = self.state()?;
             if state.iterating {
@@ -97,7 +98,7 @@ impl HeapRecorder {
                     .filter(|r| young(gc.saturating_sub(r.data.alloc_gen)))
                     .count();
                 let arrivals = usize::try_from(state.committed_since_walk).unwrap_or(usize::MAX);
-                let full_up = total + state.pending.len() >= state.options.max_tracked_objects;
+                let full_up = total + pending >= state.options.max_tracked_objects;
                 full_up
                     || visits
                         .saturating_add(arrivals)
@@ -179,22 +180,37 @@ impl HeapRecorder {
         };
         let mut failure = None;
         let mut visit = |id: i64, probe: Probe<'_>| {
-            let mut state = match self.state() {
-                Ok(state) => state,
-                Err(e) => {
-                    failure.get_or_insert(e);
+            // The state is not borrowed while `probe` runs: measuring a size runs the object's
+            // own size function (an extension's, for T_DATA), which may allocate and so GC.
+            let measure_size = {
+                let mut state = match self.state() {
+                    Ok(state) => state,
+                    Err(e) => {
+                        failure.get_or_insert(e);
+                        return;
+                    }
+                };
+                let state = &mut *state;
+                let Some(record) = state.object_records.get_mut(&id) else {
+                    return; // an entry whose record is gone (cleared, or before a fork)
+                };
+                record.seen_in_walk = epoch;
+                if !Self::visit(record, &mut state.last_update, full, update_gen) {
                     return;
                 }
+                size_enabled && !record.data.frozen
             };
-            let state = &mut *state;
-            let Some(record) = state.object_records.get_mut(&id) else {
-                return; // an entry whose record is gone (cleared, or before a fork)
-            };
-            record.seen_in_walk = epoch;
-            let last = &mut state.last_update;
-            if Self::visit(record, last, full, update_gen) {
-                let info = probe(size_enabled && !record.data.frozen);
-                Self::note_alive(record, last, info);
+            let info = probe(measure_size);
+            match self.state() {
+                Ok(mut state) => {
+                    let state = &mut *state;
+                    if let Some(record) = state.object_records.get_mut(&id) {
+                        Self::note_alive(record, &mut state.last_update, info);
+                    }
+                }
+                Err(e) => {
+                    failure.get_or_insert(e);
+                }
             }
         };
         let walked = vm.walk_live(&mut visit)?;

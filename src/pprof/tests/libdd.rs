@@ -12,12 +12,17 @@ use libdd_profiling::internal::Profile;
 
 use super::*;
 use crate::pprof::encode::{encode_uncompressed, gzip};
+use crate::strings::Strings;
 
 /// Encodes like `encode_profile` but through libdatadog; returns its zstd buffer. Interns the
 /// two label keys for the length of the call and gives them back.
-fn encode_with_libdd(snapshot: &Snapshot, sample_every: i64) -> Result<Vec<u8>, String> {
+fn encode_with_libdd(
+    snapshot: &Snapshot,
+    storage: &Strings,
+    sample_every: i64,
+) -> Result<Vec<u8>, String> {
     let (class_key, age_key) = {
-        let mut strings = snapshot.strings().lock().map_err(|e| e.to_string())?;
+        let mut strings = storage.lock().map_err(|e| e.to_string())?;
         let class_key = strings.intern(CLASS_LABEL).map_err(|e| e.to_string())?;
         let age_key = strings.intern(GEN_AGE_LABEL).map_err(|e| e.to_string())?;
         (
@@ -34,12 +39,9 @@ fn encode_with_libdd(snapshot: &Snapshot, sample_every: i64) -> Result<Vec<u8>, 
             r#type: ValueType::new(PERIOD_TYPE, PERIOD_UNIT),
             value: sample_every,
         };
-        let mut profile = Profile::try_with_string_storage(
-            &types,
-            Some(period),
-            snapshot.strings().storage().clone(),
-        )
-        .map_err(|e| e.to_string())?;
+        let mut profile =
+            Profile::try_with_string_storage(&types, Some(period), storage.storage().clone())
+                .map_err(|e| e.to_string())?;
         let mut failed = Ok(());
         snapshot.for_each_live(|o| {
             let locations = o
@@ -68,7 +70,7 @@ fn encode_with_libdd(snapshot: &Snapshot, sample_every: i64) -> Result<Vec<u8>, 
                 num: o.data.gen_age as i64,
                 ..Default::default()
             });
-            let weight = i64::from(o.data.weight);
+            let weight = o.data.weight as i64;
             let values = [weight, weight.saturating_mul(o.data.size as i64)];
             let n = if snapshot.size_enabled() { 2 } else { 1 };
             failed = profile
@@ -89,7 +91,7 @@ fn encode_with_libdd(snapshot: &Snapshot, sample_every: i64) -> Result<Vec<u8>, 
             .map(|p| p.buffer)
             .map_err(|e| e.to_string())
     })();
-    let mut strings = snapshot.strings().lock().map_err(|e| e.to_string())?;
+    let mut strings = storage.lock().map_err(|e| e.to_string())?;
     strings
         .unintern_all([class_key.value, age_key.value])
         .map_err(|e| e.to_string())?;
@@ -111,7 +113,7 @@ fn libdatadog_output_is_zstd_and_reads_like_ours() {
     w.vm.gc();
     let snapshot = w.snapshot();
     let refs = w.rec.stats().unwrap().string_refs;
-    let zstd = encode_with_libdd(&snapshot, 512).unwrap();
+    let zstd = encode_with_libdd(&snapshot, w.rec.strings(), 512).unwrap();
     assert_eq!(
         &zstd[..4],
         &[0x28, 0xb5, 0x2f, 0xfd],
@@ -200,7 +202,9 @@ fn bench_case(label: &str, class_of: impl Fn(usize) -> usize) {
     let (t_gz1, gz1) = best(RUNS, || gzip(&raw, 1).unwrap());
     let (t_gz6, gz6) = best(RUNS, || gzip(&raw, 6).unwrap());
     let (t_ours, ours) = best(RUNS, || encode_profile(&snapshot, &options()).unwrap());
-    let (t_dd, zstd) = best(RUNS, || encode_with_libdd(&snapshot, 512).unwrap());
+    let (t_dd, zstd) = best(RUNS, || {
+        encode_with_libdd(&snapshot, w.rec.strings(), 512).unwrap()
+    });
     let (t_unzstd, dd_raw) = best(RUNS, || zstd::decode_all(zstd.as_slice()).unwrap());
     let (t_dd_gz1, dd_gz1) = best(RUNS, || gzip(&dd_raw, 1).unwrap());
     let (t_dd_gz6, dd_gz6) = best(RUNS, || gzip(&dd_raw, 6).unwrap());

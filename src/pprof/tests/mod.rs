@@ -76,7 +76,13 @@ impl World {
                 .collect();
             let r = self
                 .rec
-                .record_allocation(object, a.weight, a.class.as_deref(), &frames, self.vm.gc)
+                .record_allocation(
+                    object,
+                    u64::from(a.weight),
+                    a.class.as_deref(),
+                    &frames,
+                    self.vm.gc,
+                )
                 .unwrap();
             assert_eq!(r.outcome, RecordOutcome::Pending);
             if self.rec.stats().unwrap().pending_recordings_count as usize
@@ -362,16 +368,20 @@ fn encodes_on_a_thread_without_the_recorder() {
 }
 
 #[test]
-fn storage_is_free_after_encoding() {
-    // The encoder holds the storage only while it copies names, never past its return.
+fn encoding_needs_neither_the_recorder_nor_its_storage() {
+    // The snapshot carries its names: the encoder works with the storage locked by someone else
+    // and the recorder gone, which is what makes it safe off the GVL and across a fork.
     let mut w = World::new(true);
     w.record(&[alloc(APP, Some("String"), 1, 10)]);
     w.vm.gc();
     let snapshot = w.snapshot();
-    encode_profile(&snapshot, &options()).unwrap();
-    assert!(w.rec.strings().try_lock().is_some());
-    drop(snapshot);
     w.rec.finish_iteration().unwrap();
+    let held = w.rec.strings().lock().unwrap();
+    let encoded = encode_profile(&snapshot, &options()).unwrap();
+    drop(held);
+    let data = read_profile(&encoded.bytes).unwrap();
+    assert_eq!(data.samples[0].class.as_deref(), Some("String"));
+    assert!(snapshot.names().len() >= 2, "class, frame name and file");
 }
 
 #[test]
