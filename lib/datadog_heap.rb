@@ -23,28 +23,22 @@ module DatadogHeap
       "which tracks live objects); avoid GC.compact or use Ruby >= 3.1.4 / >= 3.2.3"
   end
 
-  # Runs after_fork on every recorder in a forked child (Process.fork, Kernel#fork and IO.popen
-  # with "-" go through Process._fork on Ruby >= 3.1; Process.daemon is hooked on its own).
+  # Brings the recorders into a forked child (Process.fork, Kernel#fork and IO.popen with "-" go
+  # through Process._fork on Ruby >= 3.1; Process.daemon is hooked on its own). Nothing needs
+  # doing before a fork: no lock of ours is ever held by a thread that is not running Ruby code.
+  # A recorder the hook misses catches up at its next use (it notices the pid changed).
   module ForkHook
-    # Before forking, waits for any profile being encoded on another thread (its lock on the
-    # string storage must not be copied into a child that lacks the thread holding it).
     def _fork
-      DatadogHeap._native_before_fork
       pid = super
       DatadogHeap._native_after_fork_all if pid == 0
       pid
-    ensure
-      DatadogHeap._native_after_fork_parent unless pid == 0
     end
 
     # On Linux Process.daemon calls libc daemon(3), not _fork: the same here.
     def daemon(*args)
-      DatadogHeap._native_before_fork
       result = super
       DatadogHeap._native_after_fork_all
       result
-    ensure
-      DatadogHeap._native_after_fork_parent
     end
   end
 

@@ -88,4 +88,25 @@ RSpec.describe "GC compaction", :stress do
     expect(strings).to be_within(0.25 * kept).of(kept)
     expect([hook_errors, disabled]).to eq([0, nil])
   end
+  it "moves a running recorder only the runtime refers to, which still commits and profiles" do
+    result = in_child(90) do |progress|
+      DatadogHeap::Recorder.new(sample_every: 5).start # referenced by nothing of ours from here on
+      keep = []
+      6.times do |round|
+        1_000.times { |i| keep << "c#{i}" }
+        round.even? ? GC.compact : verify_compaction
+        progress.call("round #{round}")
+      end
+      rec = ObjectSpace.each_object(DatadogHeap::Recorder).find(&:running?)
+      rec.stop
+      rec.commit
+      full_gc
+      strings = rec.each_live_object.sum { |o| o.class_name == "String" ? o.weight : 0 }
+      [strings, keep.size, decodes?(rec.profile), rec.stats.values_at(:sampler_hook_errors, :disabled_reason, :last_commit_error)]
+    end
+    strings, kept, decodes, errors = result
+    expect(strings).to be_within(0.3 * kept).of(kept)
+    expect(decodes).to be(true)
+    expect(errors).to eq([0, nil, nil])
+  end
 end

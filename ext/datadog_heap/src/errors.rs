@@ -1,10 +1,9 @@
 //! Mapping errors to Ruby exceptions, in one place, and keeping panics out of Ruby.
 //!
 //! `HeapError::InvalidArgument` becomes `ArgumentError`; every other core error becomes
-//! `DatadogHeap::Error` (a `RuntimeError`). A panic in a native method becomes
-//! `DatadogHeap::Error` too (magnus alone would raise `fatal`, which ends the process).
+//! `DatadogHeap::Error` (a `RuntimeError`). `runtime::guarded` turns a panic in a native method
+//! into `DatadogHeap::Error` too.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
 use datadog_heap_core::HeapError;
@@ -13,16 +12,15 @@ use magnus::{value::Opaque, Error, ExceptionClass, Module, RModule, Ruby};
 static ERROR_CLASS: OnceLock<Opaque<ExceptionClass>> = OnceLock::new();
 
 /// Captures `DatadogHeap::Error` (defined by lib/datadog_heap.rb, or here if the extension is
-/// loaded on its own).
+/// loaded on its own). Registered as a mark object either way: the static holds a VALUE that
+/// must stay alive and in place (a registered object is pinned), whatever happens to the
+/// constant later.
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     let class: ExceptionClass = match module.const_get::<_, ExceptionClass>("Error") {
         Ok(class) => class,
-        Err(_) => {
-            let class = module.define_error("Error", ruby.exception_runtime_error())?;
-            ruby.gc_register_mark_object(class);
-            class
-        }
+        Err(_) => module.define_error("Error", ruby.exception_runtime_error())?,
     };
+    ruby.gc_register_mark_object(class);
     let _ = ERROR_CLASS.set(class.into());
     Ok(())
 }
@@ -62,22 +60,6 @@ pub trait OrRaise<T> {
 impl<T> OrRaise<T> for datadog_heap_core::Result<T> {
     fn or_raise(self, ruby: &Ruby) -> Result<T, Error> {
         self.map_err(|e| to_ruby(ruby, e))
-    }
-}
-
-/// Runs a native method body, turning a panic into `DatadogHeap::Error` so it never unwinds
-/// into the VM. Every method this crate defines goes through it.
-///
-/// Allocations made while it runs are our own work, not the program's: the sampler skips them
-/// (and counts them as `sampler_skipped_reentrant`).
-pub fn guarded<T>(ruby: &Ruby, f: impl FnOnce() -> Result<T, Error>) -> Result<T, Error> {
-    let _busy = crate::sampler::BusyGuard::enter();
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(result) => result,
-        Err(panic) => Err(heap_error(
-            ruby,
-            format!("internal error (Rust panic): {}", panic_message(&*panic)),
-        )),
     }
 }
 

@@ -21,7 +21,8 @@ use magnus::{
     IntoValue, RArray, RClass, RHash, RModule, RString, Ruby, TypedData,
 };
 
-use crate::errors::{arg_error, guarded, heap_error, OrRaise};
+use crate::errors::{arg_error, heap_error, OrRaise};
+use crate::runtime::guarded;
 
 #[derive(TypedData)]
 #[magnus(class = "DatadogHeap::Profile", free_immediately, size)]

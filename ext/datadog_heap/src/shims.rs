@@ -11,6 +11,64 @@ extern "C" {
     // Exported by libruby (gc.c) but not declared in its public headers. Returns the bytes an
     // object uses, slot included; must only see the types `memsize_of` lets through.
     fn rb_obj_memsize_of(obj: VALUE) -> usize;
+    // Declared here rather than taken from rb-sys: the flags argument is a bit set
+    // (SAFE | RAW_ARG), which rb-sys types as an enum that cannot hold the combination.
+    fn rb_add_event_hook2(
+        func: rb_sys::rb_event_hook_func_t,
+        events: rb_sys::rb_event_flag_t,
+        data: VALUE,
+        flags: u32,
+    );
+}
+
+const HOOK_FLAG_SAFE: u32 = 1;
+const HOOK_FLAG_RAW_ARG: u32 = 4;
+
+/// An event hook as the VM calls it with RAW_ARG: (data, trace arg).
+pub type RawHook = unsafe extern "C" fn(VALUE, *mut rb_sys::rb_trace_arg_t);
+
+fn as_hook_func(hook: RawHook) -> rb_sys::rb_event_hook_func_t {
+    // SAFETY: with HOOK_FLAG_RAW_ARG the VM calls the function as (data, rb_trace_arg_t *), which
+    // is `RawHook`; rb-sys only types the slot for the plain (event, data, self, id, klass) form.
+    unsafe { std::mem::transmute::<RawHook, rb_sys::rb_event_hook_func_t>(hook) }
+}
+
+/// Installs `hook` for `events` (internal events included). Needs the GVL; allocates nothing
+/// on the Ruby heap; never raises.
+pub fn add_event_hook(hook: RawHook, events: rb_sys::rb_event_flag_t) {
+    // SAFETY: GVL held per the contract; `hook` is a function of this extension, which is never
+    // unloaded, so it stays valid as long as the VM may call it.
+    unsafe {
+        rb_add_event_hook2(
+            as_hook_func(hook),
+            events,
+            rb_sys::Qnil as VALUE,
+            HOOK_FLAG_SAFE | HOOK_FLAG_RAW_ARG,
+        )
+    };
+}
+
+/// Removes every installation of `hook`. Needs the GVL; never raises.
+pub fn remove_event_hook(hook: RawHook) {
+    // SAFETY: GVL held per the contract; removing a hook only unlinks it (the VM defers freeing
+    // an entry that is running), whether or not it is installed.
+    unsafe { rb_sys::rb_remove_event_hook(as_hook_func(hook)) };
+}
+
+/// The current Ruby thread's object. Needs the GVL; allocates nothing (usable in the hook).
+pub fn current_thread() -> VALUE {
+    // SAFETY: called with the GVL from a Ruby thread; returns the existing thread object.
+    unsafe { rb_sys::rb_thread_current() }
+}
+
+/// Marks (and pins) `value` during a GC mark phase. Never allocates or raises.
+pub fn gc_mark(value: VALUE) {
+    if value == 0 {
+        return;
+    }
+    // SAFETY: called from a mark function, during marking, with a VALUE this extension keeps
+    // alive (so it names a live object or an immediate).
+    unsafe { rb_sys::rb_gc_mark(value) };
 }
 
 /// Number of GCs so far. Needs the GVL; never raises or allocates.
@@ -213,4 +271,167 @@ pub fn is_internal_object(raw: VALUE) -> bool {
     let api = rb_sys::stable_api::get_default();
     // SAFETY: a heap object (checked above); reading its class field has no side effect.
     unsafe { api.rbasic_class(raw).is_none() }
+}
+
+/// How many times `without_gvl` handles pending interrupts and tries again before it gives up and
+/// runs `f` with the GVL held.
+const GVL_RELEASE_ATTEMPTS: usize = 3;
+
+/// Runs `f` with the GVL released; `Ok(None)` if it panicked. `f` must not touch the VM; it is told
+/// whether it runs with the GVL held (the fallback below).
+///
+/// Ruby will not release the GVL while any interrupt is pending for this thread, and a long stretch
+/// of GVL-held work with no interrupt check (a full update walking the WeakMap) usually ends with
+/// one pending: the timer's "another thread wants the GVL". So when the release is refused, the
+/// interrupts are handled (`rb_thread_schedule`, which also lets those threads run) and the release
+/// tried again; an exception that handling raises (Thread#raise, Timeout) is returned, `f` not run.
+/// After `GVL_RELEASE_ATTEMPTS` refusals `f` runs with the GVL held.
+pub fn without_gvl<F: FnOnce(bool) -> T, T>(f: F) -> Result<Option<T>, Error> {
+    struct Call<F, T> {
+        f: Option<F>,
+        out: Option<T>,
+    }
+    extern "C" fn trampoline<F: FnOnce(bool) -> T, T>(
+        data: *mut std::ffi::c_void,
+    ) -> *mut std::ffi::c_void {
+        // SAFETY: `data` is the `Call` below, alive on the caller's stack for the whole call.
+        let call = unsafe { &mut *(data as *mut Call<F, T>) };
+        if let Some(f) = call.f.take() {
+            // A panic must not cross the C frame of rb_thread_call_without_gvl.
+            call.out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(false))).ok();
+        }
+        std::ptr::null_mut()
+    }
+    let mut call = Call {
+        f: Some(f),
+        out: None,
+    };
+    for attempt in 0..GVL_RELEASE_ATTEMPTS {
+        if attempt > 0 {
+            thread_schedule()?;
+        }
+        // SAFETY: called from a Ruby thread holding the GVL; the trampoline makes no VM call, and
+        // no unblocking function is given. The "2" variant never checks interrupts after the call
+        // (the plain one does, and an exception raised there would jump over our frames); with an
+        // interrupt pending it returns without calling the trampoline at all.
+        unsafe {
+            rb_sys::rb_thread_call_without_gvl2(
+                Some(trampoline::<F, T>),
+                &mut call as *mut Call<F, T> as *mut std::ffi::c_void,
+                None,
+                std::ptr::null_mut(),
+            );
+        }
+        if call.f.is_none() {
+            return Ok(call.out);
+        }
+    }
+    // Still refused: run it here, with the GVL held; the interrupt is delivered at the VM's next
+    // check, once we are back in Ruby.
+    Ok(call
+        .f
+        .take()
+        .and_then(|f| std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(true))).ok()))
+}
+
+extern "C" {
+    // RCLASS_SUPER: the superclass slot as it is (an include class, or 0/nil past BasicObject).
+    // Unlike rb_class_superclass it never raises and asserts nothing about its argument's type.
+    fn rb_class_get_superclass(klass: VALUE) -> VALUE;
+}
+
+/// Captures the current thread's stack into `frames`/`lines` (innermost first); returns the
+/// depth. Needs the GVL; allocates nothing (usable in the hook).
+pub fn profile_frames(frames: &mut [VALUE], lines: &mut [i32]) -> usize {
+    let capacity = frames.len().min(lines.len()).min(i32::MAX as usize);
+    // SAFETY: both buffers hold at least `capacity` entries; rb_profile_frames writes at most that
+    // many, allocates nothing and raises nothing.
+    let depth = unsafe {
+        rb_sys::rb_profile_frames(0, capacity as i32, frames.as_mut_ptr(), lines.as_mut_ptr())
+    };
+    depth.clamp(0, capacity as i32) as usize
+}
+
+/// The file of a frame from `profile_frames`, `None` for a C frame. Allocates nothing.
+pub fn frame_path(frame: VALUE) -> Option<VALUE> {
+    // SAFETY: `frame` came from rb_profile_frames in this hook call (an iseq or method entry);
+    // the accessor returns a string the VM already holds, without allocating.
+    let path = unsafe { rb_sys::rb_profile_frame_path(frame) };
+    (path != rb_sys::Qnil as VALUE).then_some(path)
+}
+
+/// The method name of a C frame from `profile_frames`. Allocates nothing.
+pub fn frame_method_name(frame: VALUE) -> VALUE {
+    // SAFETY: as in `frame_path`.
+    unsafe { rb_sys::rb_profile_frame_method_name(frame) }
+}
+
+/// The base label of a Ruby frame from `profile_frames`. Allocates nothing.
+pub fn frame_base_label(frame: VALUE) -> VALUE {
+    // SAFETY: as in `frame_path`.
+    unsafe { rb_sys::rb_profile_frame_base_label(frame) }
+}
+
+/// The bytes of a T_STRING as UTF-8; `None` for anything else or for bytes that are not UTF-8.
+///
+/// # Safety
+/// The string must stay alive and unchanged for `'a`: the caller runs no Ruby code and lets no
+/// GC happen while it uses the slice.
+pub unsafe fn borrow_str<'a>(value: VALUE) -> Option<&'a str> {
+    if heap_type(value) != Some(T::RUBY_T_STRING) {
+        return None;
+    }
+    // SAFETY: a T_STRING (checked above); pointer and length describe its bytes, which the
+    // caller keeps in place for 'a.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(
+            rb_sys::RSTRING_PTR(value) as *const u8,
+            rb_sys::RSTRING_LEN(value) as usize,
+        )
+    };
+    std::str::from_utf8(bytes).ok()
+}
+
+/// The object's class, singleton classes skipped; `None` for a hidden object. Allocates nothing.
+pub fn real_class_of(object: VALUE) -> Option<VALUE> {
+    let api = rb_sys::stable_api::get_default();
+    // SAFETY: `object` is a heap object the VM handed us; reading its class has no side effect.
+    let klass = unsafe { api.rbasic_class(object) }?;
+    // SAFETY: a class VALUE; rb_class_real walks singleton and include classes and allocates
+    // nothing.
+    let real = unsafe { rb_sys::rb_class_real(klass.as_ptr() as VALUE) };
+    is_class_like(real).then_some(real)
+}
+
+fn is_class_like(value: VALUE) -> bool {
+    matches!(heap_type(value), Some(T::RUBY_T_CLASS))
+}
+
+/// The class's permanent name (a String the class holds), if it has one. Allocates nothing.
+pub fn class_path_if_named(class: VALUE) -> Option<VALUE> {
+    if !is_class_like(class) {
+        return None;
+    }
+    // SAFETY: a T_CLASS; rb_mod_name returns the cached name or nil, without allocating.
+    let name = unsafe { rb_sys::rb_mod_name(class) };
+    (name != rb_sys::Qnil as VALUE).then_some(name)
+}
+
+/// The superclass, include classes skipped; `None` past BasicObject, for a class not yet
+/// initialised, or for anything that is not a class. Never raises or allocates.
+pub fn superclass_of(class: VALUE) -> Option<VALUE> {
+    let mut current = class;
+    for _ in 0..64 {
+        if !matches!(heap_type(current), Some(T::RUBY_T_CLASS | T::RUBY_T_ICLASS)) {
+            return None;
+        }
+        // SAFETY: a class or include class (checked above); reads its superclass slot.
+        let next = unsafe { rb_class_get_superclass(current) };
+        match heap_type(next) {
+            Some(T::RUBY_T_CLASS) => return Some(next),
+            Some(T::RUBY_T_ICLASS) => current = next,
+            _ => return None,
+        }
+    }
+    None
 }

@@ -1,0 +1,37 @@
+//! `profile`: the live objects as a gzip pprof. The full update and the snapshot (names included)
+//! run with the GVL; building and compressing the profile runs without it, on data the snapshot
+//! owns, so other threads keep going and nothing a forked child could inherit is held meanwhile.
+
+use datadog_heap_core::{encode_profile, EncodeOptions};
+use magnus::{Error, RString, Ruby};
+
+use super::{with_session, Recorder};
+use crate::errors::{heap_error, OrRaise};
+use crate::shims::without_gvl;
+
+/// `profile` -> gzip pprof of the live objects.
+pub fn profile(ruby: &Ruby, rb_self: &Recorder) -> Result<RString, Error> {
+    with_session(ruby, rb_self, |session| {
+        let snapshot = session.with_vm(ruby, |vm| session.core.prepare_iteration(vm))?;
+        // The snapshot owns all it reads: the recorder may update again while it is encoded.
+        let finished = session.core.finish_iteration();
+        let options = EncodeOptions {
+            sample_every: i64::try_from(session.config.sample_every).unwrap_or(i64::MAX),
+            ..EncodeOptions::default()
+        };
+        let encoded = without_gvl(|gvl_held| (encode_profile(&snapshot, &options), gvl_held));
+        let (encoded, gvl_held) = match encoded? {
+            Some(result) => result,
+            None => {
+                return Err(heap_error(
+                    ruby,
+                    "internal error (Rust panic) while encoding the profile",
+                ))
+            }
+        };
+        session.set_last_encode_released_gvl(!gvl_held);
+        finished.or_raise(ruby)?;
+        let encoded = encoded.or_raise(ruby)?;
+        Ok(ruby.str_from_slice(&encoded.bytes))
+    })
+}

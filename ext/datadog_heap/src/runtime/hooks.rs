@@ -1,0 +1,107 @@
+//! The event hooks: one NEWOBJ hook for the process, serving every running session, and a
+//! GC-end hook that asks for young updates.
+//!
+//! The NEWOBJ hook runs inside object allocation. It never allocates a Ruby object, never raises,
+//! never calls a Ruby method, never releases the GVL and never reaches `xmalloc`. Its path for
+//! an allocation that is not sampled is one decrement and one branch per running session.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use rb_sys::{rb_trace_arg_t, VALUE};
+
+use super::{busy, jobs, with, Session};
+use crate::{sampler, shims};
+
+/// Most sessions one hook call samples; others due at the same allocation take the next one.
+const MAX_DUE: usize = 4;
+
+pub fn install() {
+    shims::add_event_hook(on_newobj, rb_sys::RUBY_INTERNAL_EVENT_NEWOBJ);
+    shims::add_event_hook(on_gc_end, rb_sys::RUBY_INTERNAL_EVENT_GC_END_SWEEP);
+}
+
+pub fn uninstall() {
+    shims::remove_event_hook(on_newobj);
+    shims::remove_event_hook(on_gc_end);
+}
+
+pub fn set_empty(enabled: bool) {
+    if enabled {
+        shims::add_event_hook(on_newobj_empty, rb_sys::RUBY_INTERNAL_EVENT_NEWOBJ);
+    } else {
+        shims::remove_event_hook(on_newobj_empty);
+    }
+}
+
+unsafe extern "C" fn on_newobj_empty(_data: VALUE, _arg: *mut rb_trace_arg_t) {}
+
+/// The NEWOBJ hook. See the module docs for what it must never do.
+unsafe extern "C" fn on_newobj(_data: VALUE, arg: *mut rb_trace_arg_t) {
+    // A panic must not unwind into the VM; the per-session one below disables its session, this
+    // one (which nothing here can raise) is dropped.
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let (due, n) = with(|r| {
+            let mut due = [std::ptr::null::<Session>(); MAX_DUE];
+            let mut n = 0;
+            for listed in &r.sessions {
+                let session = &*listed.session;
+                if !session.is_running() || session.is_dropped() || !session.sampler.tick() {
+                    continue;
+                }
+                if n < MAX_DUE {
+                    due[n] = session;
+                    n += 1;
+                } else {
+                    session.sampler.postpone();
+                }
+            }
+            (due, n)
+        });
+        if n == 0 {
+            return;
+        }
+        // SAFETY: `arg` is the trace arg of the NEWOBJ event the VM is calling us for.
+        let object = unsafe { rb_sys::rb_tracearg_object(arg) };
+        let busy = busy::current_thread_busy();
+        for &session in &due[..n] {
+            // SAFETY: the pointers were read from the list just now, where an `Arc` keeps each
+            // session alive; only `prune` removes entries, and nothing in this hook runs it.
+            let session = unsafe { &*session };
+            sample(session, object, busy);
+        }
+    }));
+}
+
+fn sample(session: &Session, object: VALUE, busy: bool) {
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        session.sampler.on_due(session.config.sample_every);
+        sampler::sample(
+            &session.sampler,
+            &session.core,
+            session.config,
+            object,
+            busy,
+        )
+    }));
+    let reason = match outcome {
+        Ok(Ok(needs_commit)) => {
+            if needs_commit && session.has_pending() {
+                jobs::request_commit();
+            }
+            return;
+        }
+        Ok(Err(e)) => e.to_string(),
+        Err(panic) => format!(
+            "panic in the allocation hook: {}",
+            crate::errors::panic_message(&*panic)
+        ),
+    };
+    // The commit job warns, and the runtime removes the hooks if no session runs any more.
+    session.disable(reason);
+    jobs::request_commit();
+}
+
+/// The GC-end hook: asks for a young update soon. Never allocates.
+unsafe extern "C" fn on_gc_end(_data: VALUE, _arg: *mut rb_trace_arg_t) {
+    jobs::request_young_update();
+}

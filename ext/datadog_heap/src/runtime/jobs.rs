@@ -1,0 +1,122 @@
+//! The postponed jobs: the commit job (pending recordings reach their WeakMaps) and the young
+//! update job (after GCs). The VM runs them at its next safe point, never inside the allocation
+//! hook, where WeakMap writes are forbidden.
+//!
+//! Ruby >= 3.3 preregisters each job once and triggers it by handle; older Rubies register it by
+//! function each time (the VM dedups). Either way the request functions are safe inside NEWOBJ
+//! and from a signal handler: no allocation, no raise, no GVL release.
+
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use magnus::{Error, Ruby, Value};
+use rb_sys::VALUE;
+
+use super::{busy::BusyGuard, listed, prune, Session};
+use magnus::prelude::*;
+
+#[cfg(ruby_gte_3_3)]
+mod handles {
+    use std::sync::atomic::AtomicU32;
+    pub static COMMIT: AtomicU32 = AtomicU32::new(u32::MAX);
+    pub static YOUNG_UPDATE: AtomicU32 = AtomicU32::new(u32::MAX);
+}
+
+/// Registers the jobs with the VM (Ruby >= 3.3). Needs the GVL; call once at load.
+pub fn init() {
+    #[cfg(ruby_gte_3_3)]
+    {
+        use std::sync::atomic::Ordering::Relaxed;
+        for (slot, job) in [
+            (&handles::COMMIT, commit_job as extern "C" fn(*mut c_void)),
+            (&handles::YOUNG_UPDATE, young_update_job),
+        ] {
+            // SAFETY: called at extension load with the GVL; `job` is a function of this
+            // extension, valid for the life of the process (the extension is never unloaded).
+            let handle =
+                unsafe { rb_sys::rb_postponed_job_preregister(0, Some(job), std::ptr::null_mut()) };
+            slot.store(handle, Relaxed);
+        }
+    }
+}
+
+/// Asks the VM to run the commit job soon. Async-signal-safe; fine inside the NEWOBJ hook.
+pub fn request_commit() {
+    #[cfg(ruby_gte_3_3)]
+    trigger(&handles::COMMIT);
+    #[cfg(not(ruby_gte_3_3))]
+    register(commit_job);
+}
+
+/// Asks the VM to run the young-update job soon. Async-signal-safe.
+pub fn request_young_update() {
+    #[cfg(ruby_gte_3_3)]
+    trigger(&handles::YOUNG_UPDATE);
+    #[cfg(not(ruby_gte_3_3))]
+    register(young_update_job);
+}
+
+#[cfg(ruby_gte_3_3)]
+fn trigger(handle: &std::sync::atomic::AtomicU32) {
+    let handle = handle.load(std::sync::atomic::Ordering::Relaxed);
+    if handle != u32::MAX {
+        // SAFETY: `handle` came from rb_postponed_job_preregister; vm_trace.c documents triggering
+        // as safe from any context, a signal handler or another thread included.
+        unsafe { rb_sys::rb_postponed_job_trigger(handle) };
+    }
+}
+
+#[cfg(not(ruby_gte_3_3))]
+fn register(job: extern "C" fn(*mut c_void)) {
+    // SAFETY: rb_postponed_job_register_one only appends to a preallocated buffer (or reports it
+    // full); it is meant for signal handlers and hooks. A full buffer drops this request; the
+    // next sample or GC asks again.
+    unsafe {
+        rb_sys::rb_postponed_job_register_one(0, Some(job), std::ptr::null_mut());
+    }
+}
+
+/// Runs `work` on each listed session that `pick` selects, keeping its owner on this stack for
+/// the duration: a job may let other threads run (WeakMap calls can), one of which may unlist the
+/// session, and the owner found on the stack by the GC's conservative scan keeps its WeakMap
+/// marked until the job is done with it.
+fn for_each(ruby: &Ruby, pick: impl Fn(&Session) -> bool, work: impl Fn(&Ruby, &Arc<Session>)) {
+    for (session, owner) in listed(pick) {
+        let owner: VALUE = std::hint::black_box(owner);
+        if !session.is_dropped() {
+            work(ruby, &session);
+        }
+        std::hint::black_box(&owner);
+    }
+}
+
+/// The commit job: commits every listed session with something pending, and prints a disabled
+/// session's warning. Runs with the GVL at a safe point; never raises (whatever it raised would
+/// surface in the Ruby code it interrupted), so errors are kept on the session.
+extern "C" fn commit_job(_data: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let Ok(ruby) = Ruby::get() else { return };
+        let _busy = BusyGuard::enter();
+        for_each(&ruby, Session::needs_job, |ruby, session| {
+            if let Some(message) = session.take_warning() {
+                // A user-defined Warning.warn may raise: ignore that rather than let it escape.
+                let _: Result<Value, Error> =
+                    ruby.module_kernel().funcall("warn", (message.as_str(),));
+            }
+            session.commit_from_job(ruby);
+        });
+        prune();
+    }));
+}
+
+/// The young-update job: runs the gated young update on every running session. Never raises.
+extern "C" fn young_update_job(_data: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let Ok(ruby) = Ruby::get() else { return };
+        let _busy = BusyGuard::enter();
+        for_each(&ruby, Session::is_running, |ruby, session| {
+            session.young_update_from_job(ruby);
+        });
+    }));
+}

@@ -1,0 +1,228 @@
+//! The runtime: the one owner of what the VM calls back into. It holds the list of sessions the
+//! VM may reach (running, or with work for a postponed job), marks them as a GC root, installs
+//! and removes the event hooks, runs the postponed jobs, keeps the busy set, and handles fork and
+//! Ractors. Hooks and jobs reach sessions only through this list, so none can reach a session
+//! whose Ruby object was collected.
+//!
+//! A listed session is an `Arc` here plus its owner (the `DatadogHeap::Recorder` object), which
+//! the root marks, and so pins, while listed: the owner lives at least as long as the entry, and
+//! the owner's VALUE stays valid across compaction. A session leaves the list when it has no
+//! work left (`prune`), and only under the GVL, never from the hook. If the owner is freed while
+//! listed (only at process exit, when Ruby frees every object), its Drop marks the session
+//! dropped and everything here skips it.
+//!
+//! Everything here needs the GVL of the main Ractor.
+
+mod busy;
+mod hooks;
+mod jobs;
+mod session;
+
+use std::sync::Arc;
+
+use magnus::{prelude::*, typed_data::Obj, DataTypeFunctions, Error, RModule, Ruby, TypedData};
+use rb_sys::VALUE;
+
+use crate::gvl_cell::GvlCell;
+pub use busy::{guarded, not_busy};
+pub use jobs::request_commit;
+pub use session::Session;
+
+struct Listed {
+    session: Arc<Session>,
+    owner: VALUE,
+}
+
+struct Runtime {
+    sessions: Vec<Listed>,
+    /// The NEWOBJ and GC-end hooks are installed (exactly when a listed session runs).
+    hooks_installed: bool,
+    /// A Ractor was started: sampling stays off for good in this process.
+    ractors_started: bool,
+    /// Test switch: a NEWOBJ hook that does nothing, to measure what any hook costs.
+    empty_hook: bool,
+    /// The process the list was last used in (see `after_fork`).
+    pid: u32,
+}
+
+static RUNTIME: GvlCell<Runtime> = GvlCell::new(Runtime {
+    sessions: Vec::new(),
+    hooks_installed: false,
+    ractors_started: false,
+    empty_hook: false,
+    pid: 0,
+});
+
+/// Runs `f` on the runtime. GVL held; `f` makes no VM call (see `GvlCell::with`).
+fn with<R>(f: impl FnOnce(&mut Runtime) -> R) -> R {
+    // SAFETY: every caller holds the GVL (runtime contract) and `f`, always a closure of this
+    // module, calls nothing that could allocate a Ruby object, release the GVL or re-enter.
+    unsafe { RUNTIME.with(f) }
+}
+
+/// The GC root: an object made once at load, registered with the VM, whose mark function marks
+/// every listed session and its owner. Not write-barrier protected, so the VM calls `mark` at
+/// every GC, minor ones included (the sessions it marks change without the VM knowing).
+#[derive(TypedData)]
+#[magnus(class = "DatadogHeap::Runtime", mark)]
+struct Roots;
+
+impl DataTypeFunctions for Roots {
+    /// Never allocates, raises or panics.
+    fn mark(&self, _marker: &magnus::gc::Marker) {
+        with(|r| {
+            for listed in r.sessions.iter().filter(|l| !l.session.is_dropped()) {
+                crate::shims::gc_mark(listed.owner);
+                listed.session.mark();
+            }
+        });
+    }
+}
+
+/// Sets up the root and the postponed jobs. Called once at load, with the GVL.
+pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
+    let class = module.define_class("Runtime", ruby.class_object())?;
+    class.undef_default_alloc_func();
+    let roots: Obj<Roots> = ruby.obj_wrap_as(Roots, class);
+    ruby.gc_register_mark_object(roots);
+    with(|r| r.pid = std::process::id());
+    jobs::init();
+    Ok(())
+}
+
+/// Lists `session` (owned by the Ruby object `owner`) if it is not listed yet.
+pub fn list(session: &Arc<Session>, owner: VALUE) {
+    with(|r| {
+        if !r.sessions.iter().any(|l| Arc::ptr_eq(&l.session, session)) {
+            r.sessions.push(Listed {
+                session: session.clone(),
+                owner,
+            });
+        }
+    });
+}
+
+/// Why `start` refused.
+pub enum StartRefused {
+    Ractors,
+    Disabled(String),
+}
+
+/// Starts the built-in sampler for `session`; idempotent.
+pub fn start(session: &Arc<Session>, owner: VALUE) -> Result<(), StartRefused> {
+    if with(|r| r.ractors_started) {
+        return Err(StartRefused::Ractors);
+    }
+    if let Some(reason) = session.disabled_reason() {
+        return Err(StartRefused::Disabled(reason));
+    }
+    if !session.is_running() {
+        session.sampler.prepare(session.config.sample_every);
+        // Sized here, not in the hook. Fails only while the state is borrowed, which no caller of
+        // `start` does; the cache would then stay off (never wrong).
+        let _ = session.core.reserve_stack_cache();
+        session.set_running(true);
+    }
+    list(session, owner);
+    sync_hooks();
+    Ok(())
+}
+
+/// Stops the built-in sampler for `session`; what it tracks stays. Idempotent; true if it ran.
+pub fn stop(session: &Session) -> bool {
+    let was = session.is_running();
+    session.set_running(false);
+    // Nothing is sampled until the next start, by when the frames it names may be gone.
+    session.core.clear_stack_cache();
+    prune();
+    was
+}
+
+/// Unlists the sessions with no work left, then installs or removes the hooks to match.
+pub fn prune() {
+    let removed: Vec<Listed> = with(|r| {
+        let (keep, gone) = std::mem::take(&mut r.sessions)
+            .into_iter()
+            .partition(|l| l.session.has_work());
+        r.sessions = keep;
+        gone
+    });
+    // Dropped outside the runtime's cell: a last reference frees a whole recorder.
+    drop(removed);
+    sync_hooks();
+}
+
+/// Installs the hooks when a listed session runs, removes them when none does.
+fn sync_hooks() {
+    let change = with(|r| {
+        let want = !r.ractors_started
+            && (r.sessions.iter()).any(|l| l.session.is_running() && !l.session.is_dropped());
+        (want != r.hooks_installed).then(|| {
+            r.hooks_installed = want;
+            want
+        })
+    });
+    match change {
+        Some(true) => hooks::install(),
+        Some(false) => hooks::uninstall(),
+        None => {}
+    }
+}
+
+/// In a forked child (called by the fork hook, and by `Recorder#after_fork`): the busy marks of
+/// threads the child does not have go, and every listed session is brought into this process.
+/// Sessions that are not listed catch up at their next use (`Session::after_fork`).
+pub fn after_fork() {
+    let pid = std::process::id();
+    let forked = with(|r| std::mem::replace(&mut r.pid, pid) != pid);
+    if forked {
+        busy::after_fork();
+    }
+    for session in sessions(|_| true) {
+        let _ = session.after_fork(false);
+    }
+}
+
+/// Called just before the first `Ractor.new`: stops every session's sampling for good and
+/// removes the hooks. Internal allocation hooks are not Ractor-safe: Ruby 3.1 itself crashes
+/// when a NEWOBJ hook is installed while another Ractor allocates (even Ruby's own
+/// `ObjectSpace.trace_object_allocations_start`), and this runtime assumes one Ractor.
+pub fn stop_for_ractors() {
+    with(|r| r.ractors_started = true);
+    for session in sessions(|s| s.is_running()) {
+        session.core.clear_stack_cache();
+        session.disable(
+            "a Ractor was started; allocation sampling is not Ractor-safe and stays off".into(),
+        );
+    }
+    set_empty_hook(false);
+    sync_hooks();
+    jobs::request_commit();
+}
+
+/// Test switch: installs (or removes) a NEWOBJ hook that does nothing, to measure the floor any
+/// allocation hook costs.
+pub fn set_empty_hook(enabled: bool) {
+    if with(|r| std::mem::replace(&mut r.empty_hook, enabled) != enabled) {
+        hooks::set_empty(enabled);
+    }
+}
+
+/// Clones of the listed, not dropped, sessions that `pick` selects, with their owners.
+fn listed(pick: impl Fn(&Session) -> bool) -> Vec<(Arc<Session>, VALUE)> {
+    with(|r| {
+        (r.sessions.iter())
+            .filter(|l| !l.session.is_dropped() && pick(&l.session))
+            .map(|l| (l.session.clone(), l.owner))
+            .collect()
+    })
+}
+
+fn sessions(pick: impl Fn(&Session) -> bool) -> Vec<Arc<Session>> {
+    listed(pick).into_iter().map(|(s, _)| s).collect()
+}
+
+/// Test aid: how many sessions are listed.
+pub fn listed_count() -> usize {
+    with(|r| r.sessions.len())
+}

@@ -1,0 +1,227 @@
+//! A session: one recorder's state, as the runtime and the Ruby class both see it. The core
+//! recorder, its liveness WeakMap, the sampler's state, and what postponed jobs leave behind.
+//!
+//! Every method needs the GVL of the main Ractor, except `mark_dropped`/`is_dropped` (atomics,
+//! callable from any thread) and `Drop` (which runs only once nothing else holds the session).
+
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use datadog_heap_core::{HeapRecorder, RecorderOptions, UpdateKind};
+use magnus::{rb_sys::FromRawValue, Error, Ruby, Value};
+use rb_sys::VALUE;
+
+use crate::errors::heap_error;
+use crate::ruby_vm::RubyVm;
+use crate::sampler::{SampleConfig, SamplerState};
+use crate::shims;
+
+pub struct Session {
+    pub core: HeapRecorder,
+    /// The liveness table (an ObjectSpace::WeakMap), 0 until it is made, which happens only
+    /// once the Ruby object that marks it exists.
+    weak_map: Cell<VALUE>,
+    pub sampler: SamplerState,
+    pub config: SampleConfig,
+    /// The built-in sampler is on.
+    running: Cell<bool>,
+    /// Test switch: when false, recordings wait for an explicit `commit`.
+    postponed_commits: Cell<bool>,
+    /// The last error a postponed job hit (it cannot raise where it runs); reported by `stats`
+    /// and raised by the next explicit `commit`.
+    job_error: RefCell<Option<String>>,
+    /// Why recording turned itself off, if it did; kept for good.
+    disabled_reason: RefCell<Option<String>>,
+    /// The disabled reason was handed out to be warned about.
+    warned: Cell<bool>,
+    /// The process this session was last used in: a different pid means a fork happened since.
+    pid: Cell<u32>,
+    /// Whether the last profile was encoded with the GVL released (`None` before the first).
+    last_encode_released_gvl: Cell<Option<bool>>,
+    /// The Ruby object that owned this session was freed; nothing may use the session again.
+    dropped: AtomicBool,
+}
+
+// SAFETY: a session is used only by threads holding the GVL of the main Ractor, one at a time,
+// so its Cells and RefCells never see concurrent access. The exceptions are `dropped`, an
+// atomic, and the final drop, which runs only when no other reference exists. Ruby's TypedData
+// needs `Send` because a lazy sweep may free the owning object on another Ractor's thread:
+// the owner's Drop then only sets `dropped` and releases its reference.
+unsafe impl Send for Session {}
+// SAFETY: as above.
+unsafe impl Sync for Session {}
+
+impl Session {
+    pub fn new(options: RecorderOptions, config: SampleConfig) -> Self {
+        Session {
+            core: HeapRecorder::new(options),
+            weak_map: Cell::new(0),
+            sampler: SamplerState::default(),
+            config,
+            running: Cell::new(false),
+            postponed_commits: Cell::new(true),
+            job_error: RefCell::new(None),
+            disabled_reason: RefCell::new(None),
+            warned: Cell::new(false),
+            pid: Cell::new(std::process::id()),
+            last_encode_released_gvl: Cell::new(None),
+            dropped: AtomicBool::new(false),
+        }
+    }
+
+    /// Sets the WeakMap, once, right after it was made (with no allocation in between).
+    pub fn set_weak_map(&self, map: Value) {
+        use magnus::rb_sys::AsRawValue;
+        self.weak_map.set(map.as_raw());
+    }
+
+    pub fn weak_map(&self, ruby: &Ruby) -> Result<Value, Error> {
+        match self.weak_map.get() {
+            0 => Err(heap_error(ruby, "the recorder's WeakMap was never made")),
+            // SAFETY: a VALUE we made and keep marked (see `mark`) for as long as we live.
+            raw => Ok(unsafe { Value::from_raw(raw) }),
+        }
+    }
+
+    /// Marks (and pins) every Ruby object the session holds: the WeakMap, and the objects of
+    /// pending recordings (alive and unmoved until their commit). Tracked objects are not marked:
+    /// the WeakMap holds them weakly, which is how we learn they died. Called from mark
+    /// functions; never allocates, raises or panics.
+    pub fn mark(&self) {
+        shims::gc_mark(self.weak_map.get());
+        // The queue is never borrowed across an allocation, so a GC always finds it free.
+        let _ = (self.core).for_each_pending_object(|object| shims::gc_mark(object as VALUE));
+    }
+
+    pub fn mark_dropped(&self) {
+        self.dropped.store(true, Ordering::Release);
+    }
+
+    /// The owning Ruby object was freed. Callable from any thread.
+    pub fn is_dropped(&self) -> bool {
+        self.dropped.load(Ordering::Acquire)
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.running.get()
+    }
+
+    pub fn set_running(&self, running: bool) {
+        self.running.set(running);
+    }
+
+    /// Something is pending and the commit job may take it (tests can hold commits back).
+    pub fn has_pending(&self) -> bool {
+        self.postponed_commits.get() && self.core.has_pending()
+    }
+
+    pub fn set_postponed_commits(&self, enabled: bool) {
+        self.postponed_commits.set(enabled);
+    }
+
+    /// The runtime has a reason to keep this session listed: it samples, has recordings for the
+    /// commit job, or a disabled reason nobody was told yet.
+    pub fn has_work(&self) -> bool {
+        !self.is_dropped() && (self.running.get() || self.has_pending() || self.unwarned())
+    }
+
+    /// The commit job has something to do here.
+    pub fn needs_job(&self) -> bool {
+        !self.is_dropped() && (self.has_pending() || self.unwarned())
+    }
+
+    fn unwarned(&self) -> bool {
+        !self.warned.get()
+            && self
+                .disabled_reason
+                .try_borrow()
+                .map(|r| r.is_some())
+                .unwrap_or(false)
+    }
+
+    pub fn disabled_reason(&self) -> Option<String> {
+        self.disabled_reason.try_borrow().ok()?.clone()
+    }
+
+    /// Turns recording off for good, keeping the first reason. Never allocates a Ruby object or
+    /// raises (usable in the hook); the runtime stops the sampler and warns from a safe place.
+    pub fn disable(&self, reason: String) {
+        self.running.set(false);
+        if let Ok(mut slot) = self.disabled_reason.try_borrow_mut() {
+            slot.get_or_insert(reason);
+        }
+    }
+
+    /// The warning to print about a disabled session, once.
+    pub fn take_warning(&self) -> Option<String> {
+        let reason = self.disabled_reason()?;
+        if self.warned.replace(true) {
+            return None;
+        }
+        Some(format!("datadog_heap: heap recording disabled: {reason}"))
+    }
+
+    pub fn job_error(&self) -> Option<String> {
+        self.job_error.borrow().clone()
+    }
+
+    pub fn take_job_error(&self) -> Option<String> {
+        self.job_error.borrow_mut().take()
+    }
+
+    fn keep_job_error(&self, error: Error) {
+        *self.job_error.borrow_mut() = Some(error.to_string());
+    }
+
+    pub fn last_encode_released_gvl(&self) -> Option<bool> {
+        self.last_encode_released_gvl.get()
+    }
+
+    pub fn set_last_encode_released_gvl(&self, released: bool) {
+        self.last_encode_released_gvl.set(Some(released));
+    }
+
+    /// Runs `f` with a VM handle over this session's WeakMap, turning a core error into the right
+    /// Ruby error (the original exception when a WeakMap call raised).
+    pub fn with_vm<T>(
+        &self,
+        ruby: &Ruby,
+        f: impl FnOnce(&mut RubyVm) -> datadog_heap_core::Result<T>,
+    ) -> Result<T, Error> {
+        let mut vm = RubyVm::new(ruby, self.weak_map(ruby)?);
+        match f(&mut vm) {
+            Ok(v) => Ok(v),
+            Err(e) => Err(vm.into_ruby_error(e)),
+        }
+    }
+
+    /// The commit from the postponed job: errors are kept, never raised.
+    pub fn commit_from_job(&self, ruby: &Ruby) {
+        if let Err(e) = self.with_vm(ruby, |vm| self.core.commit(vm)) {
+            self.keep_job_error(e);
+        }
+    }
+
+    /// The gated young update from the GC-end job: errors are kept, never raised.
+    pub fn young_update_from_job(&self, ruby: &Ruby) {
+        if let Err(e) = self.with_vm(ruby, |vm| self.core.update(vm, UpdateKind::Young)) {
+            self.keep_job_error(e);
+        }
+    }
+
+    /// Brings the session into this process if it was last used before a fork: what only the
+    /// parent's threads held (the soft lock, an iteration, the sampler's random stream, the
+    /// counters, a job's error) starts afresh; records and pending recordings stay. The one
+    /// after-fork path, run by the fork hook for listed sessions and by every entry point for
+    /// the rest. With `force` it runs even without a fork (`Recorder#after_fork`).
+    pub fn after_fork(&self, force: bool) -> datadog_heap_core::Result<()> {
+        let pid = std::process::id();
+        if !force && self.pid.get() == pid {
+            return Ok(());
+        }
+        self.pid.set(pid);
+        self.sampler.after_fork();
+        self.job_error.borrow_mut().take();
+        self.core.after_fork()
+    }
+}

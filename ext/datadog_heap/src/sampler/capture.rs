@@ -1,0 +1,114 @@
+//! One stack as `rb_profile_frames` captured it in the hook: frame handles and lines, named only
+//! when the session's stack cache does not know them already, and the allocated object's class
+//! name. Runs inside the NEWOBJ hook: no Ruby allocation, no raise, no Ruby call.
+
+use datadog_heap_core::{truncation, FrameSource, RawFrame, RawStackKey, Stack};
+use rb_sys::VALUE;
+
+use crate::shims;
+
+pub struct CapturedStack<'a> {
+    pub frames: &'a [VALUE],
+    pub lines: &'a [i32],
+    /// The buffers' size: a capture that filled them may have been cut short by it.
+    pub capacity: usize,
+    pub max_frames: usize,
+    pub gc_count: u64,
+}
+
+impl FrameSource for CapturedStack<'_> {
+    /// Frame handles are iseqs and method entries: the same handle and line name the same frame
+    /// until the next GC (which may move it, or free it and reuse its slot), so the GC count is
+    /// the key's epoch. (A frame we see running is alive, so even a lazy sweep still finishing
+    /// the GC that set the count cannot free it; `rb_gc_count` moves at the start of the next
+    /// GC, before that one marks, moves or frees anything.) `VALUE` is a 64-bit integer here, as
+    /// the key's handles are. Naming depends on the whole capture (a C frame takes the location
+    /// of the Ruby frame below it; truncation counts the frames dropped) and on `max_frames`
+    /// (the salt); the key holds all of it.
+    fn key(&self) -> Option<RawStackKey<'_>> {
+        Some(RawStackKey {
+            frames: self.frames,
+            lines: self.lines,
+            salt: self.max_frames as u64,
+            epoch: self.gc_count,
+        })
+    }
+
+    /// Names the kept frames (and the truncation marker) without allocating a Ruby object.
+    /// Allocates the frame list and, for a truncated stack, the marker (Rust allocator).
+    fn with_frames(
+        &self,
+        f: &mut dyn FnMut(&[RawFrame<'_>]) -> datadog_heap_core::Result<Stack>,
+    ) -> datadog_heap_core::Result<Stack> {
+        let (frames, lines) = (self.frames, self.lines);
+        let depth = frames.len().min(lines.len());
+        let (keep, marker) = truncation(depth, self.max_frames, depth >= self.capacity);
+        let mut raw: Vec<RawFrame> = Vec::with_capacity(keep + 1);
+        for i in 0..keep {
+            let frame = frames[i];
+            let path = shims::frame_path(frame);
+            let (name, filename, line) = match path {
+                // A C frame: its method name, at the caller's location.
+                None => {
+                    let (filename, line) =
+                        caller_location(&frames[..depth], &lines[..depth], i + 1);
+                    (string_of(shims::frame_method_name(frame)), filename, line)
+                }
+                Some(path) => (
+                    string_of(shims::frame_base_label(frame)),
+                    string_of(path),
+                    lines[i],
+                ),
+            };
+            raw.push(RawFrame {
+                name,
+                filename,
+                line,
+            });
+        }
+        if let Some(marker) = &marker {
+            raw.push(RawFrame {
+                name: marker,
+                filename: "",
+                line: 0,
+            });
+        }
+        f(&raw)
+    }
+}
+
+/// Path and line of the nearest Ruby frame at or after `from`.
+fn caller_location<'a>(frames: &[VALUE], lines: &[i32], from: usize) -> (&'a str, i32) {
+    for j in from..frames.len() {
+        if let Some(path) = shims::frame_path(frames[j]) {
+            return (string_of(path), lines[j]);
+        }
+    }
+    ("", 0)
+}
+
+/// Borrows the bytes of a Ruby String the VM keeps alive (frame paths and labels, class names)
+/// for the rest of this hook call. Not UTF-8 → "" (we never allocate to fix it up here).
+fn string_of<'a>(value: VALUE) -> &'a str {
+    // SAFETY: the strings we are given (frame paths and labels, class names) are held by the VM
+    // for at least as long as this hook call, which runs no Ruby code and no GC before the core
+    // has copied them.
+    unsafe { shims::borrow_str(value) }.unwrap_or("")
+}
+
+/// The object's class name without allocating: the class's permanent name, else the nearest
+/// named ancestor, else "Object".
+pub fn class_name_of<'a>(object: VALUE) -> &'a str {
+    let mut class = shims::real_class_of(object);
+    for _ in 0..32 {
+        let Some(c) = class else { break };
+        if let Some(name) = shims::class_path_if_named(c) {
+            let s = string_of(name);
+            if !s.is_empty() && !s.starts_with("#<") {
+                return s;
+            }
+        }
+        class = shims::superclass_of(c);
+    }
+    "Object"
+}

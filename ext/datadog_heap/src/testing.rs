@@ -1,0 +1,49 @@
+//! `DatadogHeap::Testing`: switches and probes for the specs and benchmarks, not for production.
+
+use magnus::{function, prelude::*, Error, RModule, Ruby};
+
+use crate::errors::to_ruby;
+use crate::recorder::Recorder;
+use crate::runtime::{self, guarded};
+
+/// Turns the sampler's stack cache on or off.
+fn set_stack_cache(ruby: &Ruby, rec: &Recorder, enabled: bool) -> Result<(), Error> {
+    guarded(ruby, || {
+        (rec.session().core)
+            .set_stack_cache_enabled(enabled)
+            .map_err(|e| to_ruby(ruby, e))
+    })
+}
+
+pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
+    let testing = module.define_module("Testing")?;
+    // A NEWOBJ hook that does nothing: the floor any allocation hook costs.
+    testing.define_singleton_method("_native_empty_hook", function!(runtime::set_empty_hook, 1))?;
+    testing.define_singleton_method(
+        "_native_set_seed",
+        function!(
+            |rec: &Recorder, seed: u64| rec.session().sampler.set_seed(seed),
+            2
+        ),
+    )?;
+    testing.define_singleton_method("_native_set_stack_cache", function!(set_stack_cache, 2))?;
+    // When false, recordings wait for an explicit `commit`.
+    testing.define_singleton_method(
+        "_native_set_postponed_commits",
+        function!(
+            |rec: &Recorder, enabled: bool| rec.session().set_postponed_commits(enabled),
+            2
+        ),
+    )?;
+    // Whether the recorder's last profile was encoded with the GVL released (nil before any).
+    testing.define_singleton_method(
+        "_native_last_encode_released_gvl",
+        function!(|rec: &Recorder| rec.session().last_encode_released_gvl(), 1),
+    )?;
+    // How many sessions the runtime lists (running, or with work for a postponed job).
+    testing.define_singleton_method(
+        "_native_listed_sessions",
+        function!(runtime::listed_count, 0),
+    )?;
+    Ok(())
+}
