@@ -54,6 +54,8 @@ def run(variant, n, work)
   case variant
   when :empty_hook then DatadogHeap::Testing._native_empty_hook(true)
   when :default then rec = DatadogHeap::Recorder.new
+  when :countdown then rec = DatadogHeap::Recorder.new(sampler: :countdown)
+  when :windowed then rec = DatadogHeap::Recorder.new(sampler: :windowed)
   when :every_1 then rec = DatadogHeap::Recorder.new(sample_every: 1, max_tracked_objects: Bench::NO_CAP)
   when :hooks_only then rec = DatadogHeap::Recorder.new(sample_every: NEVER)
   end
@@ -73,7 +75,9 @@ LABELS = {
   base: "no recorder",
   empty_hook: "empty NEWOBJ hook (VM floor)",
   hooks_only: "our hooks, never sampling",
-  default: "default (sample_every 1024)",
+  default: "default settings",
+  countdown: "countdown sampler (sample_every 1024)",
+  windowed: "windowed sampler (sample_every 1024)",
   every_1: "sample_every 1",
 }.freeze
 
@@ -90,7 +94,7 @@ CASES.each_value { |w| w.call(N / 10) } # warm up
 rows = []
 CASES.each do |name, work|
   ref = name.start_with?("10M")
-  variants = %i[base empty_hook default every_1]
+  variants = %i[base empty_hook countdown windowed every_1]
   res = Bench.alternate(variants, ref ? REF_ROUNDS : ROUNDS) do |v|
     n = ref ? REF_N : N
     n /= EVERY_1_SHARE if v == :every_1

@@ -59,14 +59,15 @@ probe = 200
 probe *= 2 while (t = Bench.cpu_time { workload(probe) }) < 0.2
 N = (probe * RUN_SECONDS / t).ceil
 
-VARIANTS = [:base, :empty_hook, *EVERY].freeze
+VARIANTS = [:base, :empty_hook, *EVERY, *EVERY.map { |e| [:windowed, e] }].freeze
 
 def run(variant)
   rec = nil
   case variant
   when :base then nil
   when :empty_hook then DatadogHeap::Testing._native_empty_hook(true)
-  else rec = DatadogHeap::Recorder.new(sample_every: variant)
+  when Array then rec = DatadogHeap::Recorder.new(sampler: :windowed, sample_every: variant[1])
+  else rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: variant)
   end
   rec&.start
   seconds = Bench.cpu_time { workload(N) }
@@ -98,8 +99,8 @@ rows = VARIANTS.map do |v|
   label = case v
           when :base then "no recorder"
           when :empty_hook then "empty NEWOBJ hook (VM floor)"
-          when 1024 then "sample_every 1024 (default)"
-          else "sample_every #{v}"
+          when Array then "windowed, sample_every #{v[1]}"
+          else "countdown, sample_every #{v}"
           end
   [label, format("%.3f s", Bench.median(res[v].map { |r| r[:seconds] })), v == :base ? "" : Bench.percent(ratio - 1),
     samples || "", in_hook ? Bench.percent(in_hook / base) : "",

@@ -42,6 +42,52 @@ module DatadogHeap
     end
   end
 
+  # The window timer of the windowed sampler on Rubies before 3.3, where a native thread cannot
+  # ask the VM for a postponed job (see ext/datadog_heap/src/runtime/windows.rs): a Ruby thread
+  # that sleeps an exponential time (mean 1 / rate), then runs one tick, until no windowed
+  # recorder runs. Started, retuned and stopped by the extension; one per process.
+  module WindowTimer
+    @thread = nil
+    @rate = nil
+
+    class << self
+      def start(rate)
+        @rate = rate
+        return if @thread&.alive?
+
+        @thread = Thread.new { run }
+        @thread.name = "datadog_heap window timer"
+        @thread.report_on_exception = false
+      end
+
+      # Stops the thread and waits for it. Not Thread#kill: the thread may be running one of the
+      # extension's postponed jobs, where a kill would be swallowed (and kept as a job error);
+      # woken from its sleep, it sees no rate and returns.
+      def stop
+        thread = @thread
+        @thread = nil
+        @rate = nil
+        return unless thread&.alive?
+
+        begin
+          thread.wakeup
+        rescue ThreadError
+          # It ended meanwhile.
+        end
+        thread.join unless thread == Thread.current
+      end
+
+      private
+
+      def run
+        while (rate = @rate)
+          sleep(-Math.log(1.0 - rand) / rate)
+          @rate = DatadogHeap._native_window_tick
+        end
+      end
+    end
+  end
+
   # Stops all sampling before the first Ractor starts: allocation hooks are not Ractor-safe (on
   # Ruby 3.1 the VM itself crashes when a NEWOBJ hook runs while a Ractor allocates).
   module RactorGuard
@@ -64,6 +110,9 @@ require_relative "datadog_heap/recorder"
 require_relative "datadog_heap/profile"
 
 Process.singleton_class.prepend(DatadogHeap::ForkHook)
+# Registered first, so it runs after every at_exit handler the program registers: profiles written
+# at exit are still sampled up to then, and no timer outlives the program.
+at_exit { DatadogHeap._native_shutdown }
 Ractor.singleton_class.prepend(DatadogHeap::RactorGuard) if defined?(Ractor)
 
 # The process-wide recorder.

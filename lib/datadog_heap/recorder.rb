@@ -14,9 +14,17 @@ module DatadogHeap
   # - max_tracked_objects: most objects tracked at once; recordings past it are skipped and
   #   counted (stats[:lifetime_recordings_skipped_max_tracked]). The default keeps the
   #   recorder's own memory near 64 MiB at the cap.
+  # - sampler: :countdown (a geometric countdown over every allocation, from an allocation hook
+  #   installed all the time) or :windowed (a timer opens sampling windows at random times that
+  #   cover 64 / sample_every of the allocations; between them no hook is installed). Either way
+  #   a sample stands for sample_every allocations on average. See README, "Samplers".
+  # - windows_per_second: the windowed sampler's mean rate of windows (0 < rate <= 100_000);
+  #   only with sampler: :windowed. More windows, shorter ones: the same samples, spread finer.
   class Recorder
+    SAMPLERS = %i[countdown windowed].freeze
     DEFAULTS = {sample_every: 1024, sample_rate: 1, size_enabled: true, max_frames: 400,
-                max_tracked_objects: 262_144}.freeze
+                max_tracked_objects: 262_144, sampler: :countdown, windows_per_second: 100}.freeze
+    MAX_WINDOWS_PER_SECOND = 100_000
     MAX_FRAMES_LIMIT = 3000
     RECORD_ALLOCATION_KEYWORDS = {weight: true, class_name: true, locations: true}.freeze
     U32_MAX = 2**32 - 1
@@ -24,9 +32,14 @@ module DatadogHeap
     # Keyword arguments only (the option names above); a key that is not one of them is an
     # ArgumentError naming it. Ruby's own "unknown keyword" error would call the key's inspect.
     def self.new(**options)
+      given = options
       options = check_options(options)
       DatadogHeap.warn_about_ruby_version
-      _native_new(self, *options.values_at(:sample_every, :sample_rate, :size_enabled, :max_frames, :max_tracked_objects))
+      rate = options[:sampler] == :windowed ? options[:windows_per_second].to_f : nil
+      if rate.nil? && given.key?(:windows_per_second)
+        raise ArgumentError, "windows_per_second applies to sampler: :windowed only, got sampler: :countdown"
+      end
+      _native_new(self, *options.values_at(:sample_every, :sample_rate, :size_enabled, :max_frames, :max_tracked_objects), rate)
     end
 
     # `options` (option => value) with the missing ones taken from DEFAULTS. Raises ArgumentError
@@ -41,7 +54,14 @@ module DatadogHeap
       Validate.boolean!(:size_enabled, options[:size_enabled])
       Validate.integer!(:max_frames, options[:max_frames], 1, MAX_FRAMES_LIMIT)
       Validate.integer!(:max_tracked_objects, options[:max_tracked_objects], 1, 2**40)
+      Validate.one_of!(:sampler, options[:sampler], SAMPLERS)
+      Validate.positive_number!(:windows_per_second, options[:windows_per_second], MAX_WINDOWS_PER_SECOND)
       options
+    end
+
+    # :countdown or :windowed (see the options above).
+    def sampler
+      windows_per_second ? :windowed : :countdown
     end
 
     def sample_rate=(value)
@@ -89,7 +109,8 @@ module DatadogHeap
     end
 
     def inspect
-      "#<#{self.class} sample_every=#{sample_every} sample_rate=#{sample_rate} " \
+      how = windows_per_second ? "sampler=windowed windows_per_second=#{windows_per_second}" : "sample_every=#{sample_every}"
+      "#<#{self.class} #{how} sample_rate=#{sample_rate} " \
         "size_enabled=#{size_enabled} max_frames=#{max_frames} max_tracked_objects=#{max_tracked_objects}>"
     end
   end
@@ -155,6 +176,23 @@ module DatadogHeap
       return value if min <= value && value <= max
 
       raise ArgumentError, "#{name} must be between #{min} and #{max}, got #{show(value)}"
+    end
+
+    def one_of!(name, value, allowed)
+      return value if allowed.any? { |a| Symbol === value && a == value }
+
+      raise TypeError, "#{name} must be a Symbol, got #{describe(value)}" unless Symbol === value
+
+      raise ArgumentError, "#{name} must be one of #{allowed.map(&:inspect).join(", ")}, got #{show(value)}"
+    end
+
+    def positive_number!(name, value, max)
+      unless Integer === value || Float === value
+        raise TypeError, "#{name} must be a number, got #{describe(value)}"
+      end
+      return value if value > 0 && value <= max
+
+      raise ArgumentError, "#{name} must be above 0 and at most #{max}, got #{show(value)}"
     end
 
     def boolean!(name, value)

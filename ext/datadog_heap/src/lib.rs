@@ -43,6 +43,12 @@ fn after_fork_all(ruby: &Ruby) -> Result<(), Error> {
     })
 }
 
+/// One tick of the window timer, for the Ruby timer thread of Rubies before 3.3 (see
+/// `runtime::windows`): the rate to tick at next, nil when no windowed session runs.
+fn window_tick(ruby: &Ruby) -> Result<Option<f64>, Error> {
+    runtime::guarded(ruby, || Ok(runtime::window_tick(ruby)))
+}
+
 /// Extension entry point (`Init_datadog_heap`). Runs under the GVL; may allocate and raise.
 #[magnus::init]
 fn init(ruby: &Ruby) -> Result<(), Error> {
@@ -60,5 +66,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
         "_native_ractors_starting",
         function!(runtime::stop_for_ractors, 0),
     )?;
+    module.define_singleton_method("_native_window_tick", function!(window_tick, 0))?;
+    module.define_singleton_method("_native_shutdown", function!(runtime::shutdown, 0))?;
     Ok(())
 }

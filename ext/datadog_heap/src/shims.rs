@@ -435,3 +435,40 @@ pub fn superclass_of(class: VALUE) -> Option<VALUE> {
     }
     None
 }
+
+/// `:total_allocated_objects`, a static Symbol (never collected), made by `init_gc_stat`.
+static TOTAL_ALLOCATED_KEY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Makes the GC.stat key `total_allocated_objects` reads, and asks for it once, so that the VM's
+/// own GC.stat symbol table exists before the hook reads the counter (its first use interns
+/// symbols). Needs the GVL; call once at load.
+pub fn init_gc_stat() {
+    let name = c"total_allocated_objects";
+    // SAFETY: GVL held; `name` is a NUL-terminated literal. rb_intern interns (allocating at most
+    // once per name) and raises nothing for a valid name; the ID of a literal name is static.
+    let id = unsafe { rb_sys::rb_intern(name.as_ptr()) };
+    // SAFETY: a static Symbol for a valid ID; allocates nothing.
+    let key = unsafe { rb_sys::rb_id2sym(id) };
+    TOTAL_ALLOCATED_KEY.store(key as u64, std::sync::atomic::Ordering::Relaxed);
+    let _ = total_allocated_objects();
+}
+
+/// Objects the VM has allocated since it started (`GC.stat(:total_allocated_objects)`). Needs
+/// the GVL; after `init_gc_stat` it allocates nothing and never raises (a known key), so the
+/// NEWOBJ hook may call it.
+pub fn total_allocated_objects() -> u64 {
+    let key = TOTAL_ALLOCATED_KEY.load(std::sync::atomic::Ordering::Relaxed) as VALUE;
+    if key == 0 {
+        return 0;
+    }
+    // SAFETY: GVL held per the contract; `key` is a Symbol rb_gc_stat knows in every Ruby we
+    // support, for which it returns the counter without allocating or raising.
+    unsafe { rb_sys::rb_gc_stat(key) as u64 }
+}
+
+/// Runs `f` when the VM is torn down (after every Ruby thread has stopped, before the VM's
+/// memory is freed). Needs the GVL.
+pub fn at_vm_exit(f: unsafe extern "C" fn(*mut rb_sys::ruby_vm_t)) {
+    // SAFETY: GVL held; `f` is a function of this extension, valid for the life of the process.
+    unsafe { rb_sys::ruby_vm_at_exit(Some(f)) };
+}

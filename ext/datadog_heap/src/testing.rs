@@ -40,6 +40,8 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
         "_native_last_encode_released_gvl",
         function!(|rec: &Recorder| rec.session().last_encode_released_gvl(), 1),
     )?;
+    // [NEWOBJ hook installed, GC-end hook installed, window timer rate or nil].
+    testing.define_singleton_method("_native_hooks", function!(runtime::hook_state, 0))?;
     // How many sessions the runtime lists (running, or with work for a postponed job).
     testing.define_singleton_method(
         "_native_listed_sessions",

@@ -23,7 +23,10 @@ use magnus::{
 
 use crate::errors::{arg_error, heap_error, type_error, OrRaise};
 use crate::runtime::{self, guarded, Session, StartRefused};
-use crate::sampler::SampleConfig;
+use crate::sampler::{Mode, SampleConfig};
+
+/// Most windows a second a session may ask for (each costs a few microseconds).
+pub const MAX_WINDOWS_PER_SECOND: f64 = 100_000.0;
 use crate::weak_map;
 
 #[derive(TypedData)]
@@ -69,7 +72,9 @@ fn owner_of(rb_self: &Obj<Recorder>) -> rb_sys::VALUE {
 
 impl Recorder {
     /// `_native_new(class, sample_every, sample_rate, size_enabled, max_frames,
-    /// max_tracked_objects)`; Ruby has validated, this checks again.
+    /// max_tracked_objects, windows_per_second)`, the last nil for the countdown sampler; Ruby
+    /// has validated, this checks again.
+    #[allow(clippy::too_many_arguments)] // positional, as Ruby passes them (see the file docs)
     fn native_new(
         ruby: &Ruby,
         class: RClass,
@@ -78,6 +83,7 @@ impl Recorder {
         size_enabled: bool,
         max_frames: usize,
         max_tracked_objects: usize,
+        windows_per_second: Option<f64>,
     ) -> Result<Obj<Recorder>, Error> {
         guarded(ruby, || {
             let recorder_class: RClass =
@@ -109,6 +115,21 @@ impl Recorder {
                     ),
                 ));
             }
+            let mode = match windows_per_second {
+                None => Mode::Countdown,
+                Some(rate) if rate.is_finite() && rate > 0.0 && rate <= MAX_WINDOWS_PER_SECOND => {
+                    Mode::Windowed { per_second: rate }
+                }
+                Some(rate) => {
+                    return Err(arg_error(
+                        ruby,
+                        format!(
+                            "windows_per_second must be above 0 and at most \
+                             {MAX_WINDOWS_PER_SECOND}, got {rate}"
+                        ),
+                    ))
+                }
+            };
             let session = Session::new(
                 RecorderOptions {
                     sample_rate,
@@ -118,6 +139,7 @@ impl Recorder {
                 SampleConfig {
                     sample_every,
                     max_frames,
+                    mode,
                 },
             );
             let obj = ruby.obj_wrap_as(
@@ -286,6 +308,14 @@ impl Recorder {
         self.session.config.sample_every
     }
 
+    /// `windows_per_second`: the windowed sampler's rate, nil for the countdown sampler.
+    fn windows_per_second(&self) -> Option<f64> {
+        match self.session.config.mode {
+            Mode::Windowed { per_second } => Some(per_second),
+            Mode::Countdown => None,
+        }
+    }
+
     /// The session, for the Testing module.
     pub fn session(&self) -> &Arc<Session> {
         &self.session
@@ -316,6 +346,9 @@ fn stats_hash(ruby: &Ruby, session: &Session) -> Result<RHash, Error> {
         ("sampler_hook_errors", st.hook_errors),
         ("sampler_time_ns_total", st.sampling_ns_total),
         ("sampler_time_ns_max", st.sampling_ns_max),
+        ("sampler_windows_opened", st.windows_opened),
+        ("sampler_windows_still_open", st.windows_still_open),
+        ("sampler_window_allocations", st.window_allocations),
     ] {
         hash.aset(ruby.to_symbol(key), value)?;
     }
@@ -327,7 +360,7 @@ fn stats_hash(ruby: &Ruby, session: &Session) -> Result<RHash, Error> {
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     let class = module.define_class("Recorder", ruby.class_object())?;
     class.undef_default_alloc_func();
-    class.define_singleton_method("_native_new", function!(Recorder::native_new, 6))?;
+    class.define_singleton_method("_native_new", function!(Recorder::native_new, 7))?;
     class.define_method(
         "_native_record_allocation",
         method!(args::record_allocation, 4),
@@ -371,6 +404,10 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         method!(Recorder::max_tracked_objects, 0),
     )?;
     class.define_method("sample_every", method!(Recorder::sample_every, 0))?;
+    class.define_method(
+        "windows_per_second",
+        method!(Recorder::windows_per_second, 0),
+    )?;
     class.define_method("start", method!(Recorder::start, 0))?;
     class.define_method("stop", method!(Recorder::stop, 0))?;
     class.define_method("running?", method!(Recorder::is_running, 0))?;

@@ -16,6 +16,7 @@ pub fn profile(ruby: &Ruby, rb_self: &Recorder) -> Result<RString, Error> {
         // The snapshot owns all it reads: the recorder may update again while it is encoded.
         let finished = session.core.finish_iteration();
         let options = EncodeOptions {
+            // A sample stands for `sample_every` allocations on average, with either sampler.
             sample_every: i64::try_from(session.config.sample_every).unwrap_or(i64::MAX),
             ..EncodeOptions::default()
         };

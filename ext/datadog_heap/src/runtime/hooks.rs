@@ -1,28 +1,36 @@
-//! The event hooks: one NEWOBJ hook for the process, serving every running session, and a
-//! GC-end hook that asks for young updates.
+//! The event hooks: one NEWOBJ hook for the process, serving every session that wants it (a
+//! countdown session that runs, a windowed one whose window is open), and a GC-end hook that asks
+//! for young updates while a countdown session runs. Windowed sessions get their young updates
+//! from the window timer instead, so between windows no object-space hook is installed at all (on
+//! Ruby 3.1 any such hook, GC-end included, sends every allocation down the slow path).
 //!
 //! The NEWOBJ hook runs inside object allocation. It never allocates a Ruby object, never raises,
 //! never calls a Ruby method, never releases the GVL and never reaches `xmalloc`. Its path for
-//! an allocation that is not sampled is one decrement and one branch per running session.
+//! an allocation that is not sampled is one decrement and one branch per session it serves.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use rb_sys::{rb_trace_arg_t, VALUE};
 
 use super::{busy, jobs, with, Session};
-use crate::{sampler, shims};
+use crate::sampler;
+use crate::shims;
 
 /// Most sessions one hook call samples; others due at the same allocation take the next one.
 const MAX_DUE: usize = 4;
 
-pub fn install() {
-    shims::add_event_hook(on_newobj, rb_sys::RUBY_INTERNAL_EVENT_NEWOBJ);
-    shims::add_event_hook(on_gc_end, rb_sys::RUBY_INTERNAL_EVENT_GC_END_SWEEP);
+pub fn set_newobj(installed: bool) {
+    match installed {
+        true => shims::add_event_hook(on_newobj, rb_sys::RUBY_INTERNAL_EVENT_NEWOBJ),
+        false => shims::remove_event_hook(on_newobj),
+    }
 }
 
-pub fn uninstall() {
-    shims::remove_event_hook(on_newobj);
-    shims::remove_event_hook(on_gc_end);
+pub fn set_gc_end(installed: bool) {
+    match installed {
+        true => shims::add_event_hook(on_gc_end, rb_sys::RUBY_INTERNAL_EVENT_GC_END_SWEEP),
+        false => shims::remove_event_hook(on_gc_end),
+    }
 }
 
 pub fn set_empty(enabled: bool) {
@@ -45,7 +53,20 @@ unsafe extern "C" fn on_newobj(_data: VALUE, arg: *mut rb_trace_arg_t) {
             let mut n = 0;
             for listed in &r.sessions {
                 let session = &*listed.session;
-                if !session.is_running() || session.is_dropped() || !session.sampler.tick() {
+                let mode = session.config.mode;
+                if !session.is_running()
+                    || session.is_dropped()
+                    || !session.sampler.wants_hook(mode)
+                {
+                    continue;
+                }
+                let tick = session.sampler.tick(mode);
+                if tick.closed {
+                    // The commit job removes the hook if nothing else wants it (never removed
+                    // from inside the hook itself).
+                    jobs::request_commit();
+                }
+                if !tick.due {
                     continue;
                 }
                 if n < MAX_DUE {
@@ -74,7 +95,6 @@ unsafe extern "C" fn on_newobj(_data: VALUE, arg: *mut rb_trace_arg_t) {
 
 fn sample(session: &Session, object: VALUE, busy: bool) {
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        session.sampler.on_due(session.config.sample_every);
         sampler::sample(
             &session.sampler,
             &session.core,

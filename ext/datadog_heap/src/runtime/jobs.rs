@@ -21,6 +21,7 @@ mod handles {
     use std::sync::atomic::AtomicU32;
     pub static COMMIT: AtomicU32 = AtomicU32::new(u32::MAX);
     pub static YOUNG_UPDATE: AtomicU32 = AtomicU32::new(u32::MAX);
+    pub static WINDOW: AtomicU32 = AtomicU32::new(u32::MAX);
 }
 
 /// Registers the jobs with the VM (Ruby >= 3.3). Needs the GVL; call once at load.
@@ -31,6 +32,7 @@ pub fn init() {
         for (slot, job) in [
             (&handles::COMMIT, commit_job as extern "C" fn(*mut c_void)),
             (&handles::YOUNG_UPDATE, young_update_job),
+            (&handles::WINDOW, window_job),
         ] {
             // SAFETY: called at extension load with the GVL; `job` is a function of this
             // extension, valid for the life of the process (the extension is never unloaded).
@@ -55,6 +57,23 @@ pub fn request_young_update() {
     trigger(&handles::YOUNG_UPDATE);
     #[cfg(not(ruby_gte_3_3))]
     register(young_update_job);
+}
+
+/// Asks the VM to run the window job soon (Ruby >= 3.3). Safe from any thread, a non-Ruby one
+/// included (see `windows`).
+#[cfg(ruby_gte_3_3)]
+pub fn request_window() {
+    trigger(&handles::WINDOW);
+}
+
+/// The window job: one tick of the window timer (see `windows`). Never raises.
+#[cfg(ruby_gte_3_3)]
+extern "C" fn window_job(_data: *mut c_void) {
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        if let Ok(ruby) = Ruby::get() {
+            super::windows::tick(&ruby);
+        }
+    }));
 }
 
 #[cfg(ruby_gte_3_3)]

@@ -17,6 +17,7 @@ mod busy;
 mod hooks;
 mod jobs;
 mod session;
+mod windows;
 
 use std::sync::Arc;
 
@@ -24,9 +25,11 @@ use magnus::{prelude::*, typed_data::Obj, DataTypeFunctions, Error, RModule, Rub
 use rb_sys::VALUE;
 
 use crate::gvl_cell::GvlCell;
+use crate::sampler::Mode;
 pub use busy::{guarded, not_busy};
 pub use jobs::request_commit;
 pub use session::Session;
+pub use windows::tick as window_tick;
 
 struct Listed {
     session: Arc<Session>,
@@ -35,8 +38,12 @@ struct Listed {
 
 struct Runtime {
     sessions: Vec<Listed>,
-    /// The NEWOBJ and GC-end hooks are installed (exactly when a listed session runs).
-    hooks_installed: bool,
+    /// The NEWOBJ hook is installed: a listed session wants it (see `SamplerState::wants_hook`).
+    newobj_installed: bool,
+    /// The GC-end hook is installed: a countdown session runs.
+    gc_end_installed: bool,
+    /// The window timer's rate; `None` when it is stopped (no windowed session runs).
+    timer_rate: Option<f64>,
     /// A Ractor was started: sampling stays off for good in this process.
     ractors_started: bool,
     /// Test switch: a NEWOBJ hook that does nothing, to measure what any hook costs.
@@ -47,7 +54,9 @@ struct Runtime {
 
 static RUNTIME: GvlCell<Runtime> = GvlCell::new(Runtime {
     sessions: Vec::new(),
-    hooks_installed: false,
+    newobj_installed: false,
+    gc_end_installed: false,
+    timer_rate: None,
     ractors_started: false,
     empty_hook: false,
     pid: 0,
@@ -87,7 +96,21 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     ruby.gc_register_mark_object(roots);
     with(|r| r.pid = std::process::id());
     jobs::init();
+    crate::shims::init_gc_stat();
+    crate::shims::at_vm_exit(on_vm_exit);
     Ok(())
+}
+
+/// The VM is going away: no timer may trigger a job past this point.
+unsafe extern "C" fn on_vm_exit(_vm: *mut rb_sys::ruby_vm_t) {
+    let _ = std::panic::catch_unwind(shutdown);
+}
+
+/// Stops the window timer for good (process exit; lib/datadog_heap.rb calls it from its last
+/// `at_exit` handler, and VM teardown calls it again). Sessions keep what they track.
+pub fn shutdown() {
+    with(|r| r.timer_rate = None);
+    windows::shutdown();
 }
 
 /// Lists `session` (owned by the Ruby object `owner`) if it is not listed yet.
@@ -117,7 +140,7 @@ pub fn start(session: &Arc<Session>, owner: VALUE) -> Result<(), StartRefused> {
         return Err(StartRefused::Disabled(reason));
     }
     if !session.is_running() {
-        session.sampler.prepare(session.config.sample_every);
+        session.sampler.prepare(session.config);
         // Sized here, not in the hook. Fails only while the state is borrowed, which no caller of
         // `start` does; the cache would then stay off (never wrong).
         let _ = session.core.reserve_stack_cache();
@@ -152,21 +175,47 @@ pub fn prune() {
     sync_hooks();
 }
 
-/// Installs the hooks when a listed session runs, removes them when none does.
+/// Installs or removes the hooks, and starts, retunes or stops the window timer, to match what
+/// the listed sessions want now.
 fn sync_hooks() {
-    let change = with(|r| {
-        let want = !r.ractors_started
-            && (r.sessions.iter()).any(|l| l.session.is_running() && !l.session.is_dropped());
-        (want != r.hooks_installed).then(|| {
-            r.hooks_installed = want;
-            want
-        })
+    let (newobj, gc_end, timer) = with(|r| {
+        let ractors = r.ractors_started;
+        let live: Vec<&Session> = (r.sessions.iter())
+            .map(|l| &*l.session)
+            .filter(|s| s.is_running() && !s.is_dropped() && !ractors)
+            .collect();
+        let newobj = live.iter().any(|s| s.sampler.wants_hook(s.config.mode));
+        let gc_end = live.iter().any(|s| s.config.mode == Mode::Countdown);
+        let timer = (live.iter())
+            .filter_map(|s| match s.config.mode {
+                Mode::Windowed { per_second } => Some(per_second),
+                Mode::Countdown => None,
+            })
+            .reduce(f64::max);
+        let timer_change = (r.timer_rate != timer).then(|| {
+            r.timer_rate = timer;
+            timer
+        });
+        (
+            changed(&mut r.newobj_installed, newobj),
+            changed(&mut r.gc_end_installed, gc_end),
+            timer_change,
+        )
     });
-    match change {
-        Some(true) => hooks::install(),
-        Some(false) => hooks::uninstall(),
-        None => {}
+    if let Some(installed) = newobj {
+        hooks::set_newobj(installed);
     }
+    if let Some(installed) = gc_end {
+        hooks::set_gc_end(installed);
+    }
+    if let Some(rate) = timer {
+        windows::set_rate(rate);
+    }
+}
+
+/// Sets `*installed` to `want`; `Some(want)` when that is a change.
+fn changed(installed: &mut bool, want: bool) -> Option<bool> {
+    (std::mem::replace(installed, want) != want).then_some(want)
 }
 
 /// In a forked child (called by the fork hook, and by `Recorder#after_fork`): the busy marks of
@@ -177,10 +226,15 @@ pub fn after_fork() {
     let forked = with(|r| std::mem::replace(&mut r.pid, pid) != pid);
     if forked {
         busy::after_fork();
+        // No timer thread came along: `sync_hooks` below starts one again if a windowed
+        // session still runs.
+        windows::after_fork();
+        with(|r| r.timer_rate = None);
     }
     for session in sessions(|_| true) {
         let _ = session.after_fork(false);
     }
+    sync_hooks();
 }
 
 /// Called just before the first `Ractor.new`: stops every session's sampling for good and
@@ -225,4 +279,9 @@ fn sessions(pick: impl Fn(&Session) -> bool) -> Vec<Arc<Session>> {
 /// Test aid: how many sessions are listed.
 pub fn listed_count() -> usize {
     with(|r| r.sessions.len())
+}
+
+/// Test aid: whether the NEWOBJ and GC-end hooks are installed, and the window timer's rate.
+pub fn hook_state() -> (bool, bool, Option<f64>) {
+    with(|r| (r.newobj_installed, r.gc_end_installed, r.timer_rate))
 }

@@ -38,6 +38,8 @@ pub struct Session {
     pid: Cell<u32>,
     /// Whether the last profile was encoded with the GVL released (`None` before the first).
     last_encode_released_gvl: Cell<Option<bool>>,
+    /// Windowed mode: the GC count the window timer last saw (young updates follow GCs).
+    last_gc_seen: Cell<u64>,
     /// The Ruby object that owned this session was freed; nothing may use the session again.
     dropped: AtomicBool,
 }
@@ -65,6 +67,7 @@ impl Session {
             warned: Cell::new(false),
             pid: Cell::new(std::process::id()),
             last_encode_released_gvl: Cell::new(None),
+            last_gc_seen: Cell::new(0),
             dropped: AtomicBool::new(false),
         }
     }
@@ -171,6 +174,11 @@ impl Session {
 
     fn keep_job_error(&self, error: Error) {
         *self.job_error.borrow_mut() = Some(error.to_string());
+    }
+
+    /// Windowed mode: whether a GC happened since the window timer last asked.
+    pub fn note_gc_count(&self, gc_count: u64) -> bool {
+        self.last_gc_seen.replace(gc_count) != gc_count
     }
 
     pub fn last_encode_released_gvl(&self) -> Option<bool> {

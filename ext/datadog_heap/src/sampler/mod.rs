@@ -1,11 +1,19 @@
 //! The built-in allocation sampler's per-session state and the sampled path of the NEWOBJ hook:
-//! when to sample (a geometric countdown), and what one sample does (capture the stack, name it
-//! only if the stack cache does not know it, record it in the core).
+//! when to sample, and what one sample does (capture the stack, name it only if the stack cache
+//! does not know it, record it in the core).
 //!
-//! Nothing here knows about sessions, hooks or jobs (that is `runtime`); everything here runs
-//! inside the NEWOBJ hook or next to it and keeps its rules: it never allocates a Ruby object,
-//! never raises, never calls a Ruby method, never releases the GVL and never reaches `xmalloc`.
-//! Rust allocations (system allocator) happen only on the sampled path.
+//! Two ways to choose the samples ([`Mode`]), both with a mean of `sample_every` allocations per
+//! sample:
+//! - countdown: a geometric countdown with mean `sample_every` over every allocation. The NEWOBJ
+//!   hook is installed all the time, and with it CRuby sends every allocation down its slow path.
+//! - windowed: the hook is installed only for windows that a timer opens at random times. A window
+//!   covers the next `share * gap` allocations, where `gap` is how many the VM made since the
+//!   previous window closed (its own counter, `total_allocated_objects`) and `share` is
+//!   `m / (sample_every - m)`. Inside, a geometric countdown with mean `m` (`WINDOW_SAMPLE_EVERY`,
+//!   or half of a smaller `sample_every`) takes the samples, each weighted by its interval times
+//!   `(gap + window) / window`, so a window's samples stand for the gap before it as well:
+//!   allocation rates may change between windows without biasing the estimate. Between windows no
+//!   hook is installed and allocations run at full speed.
 
 mod capture;
 
@@ -18,16 +26,41 @@ use rb_sys::VALUE;
 use crate::shims;
 use capture::CapturedStack;
 
+/// Mean allocations between two samples inside a window. Near where a sample's own cost (about
+/// 1.5 µs) spread over the interval matches the slow path every allocation in a window pays
+/// (about 28 ns on Ruby 3.1), which gives the most samples for the time spent.
+pub const WINDOW_SAMPLE_EVERY: u64 = 64;
+
+/// How a session chooses its samples (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Mode {
+    Countdown,
+    Windowed { per_second: f64 },
+}
+
+/// A windowed session's current window.
+#[derive(Clone, Copy, Default)]
+struct Window {
+    open: bool,
+    /// Allocations left before it closes.
+    left: u64,
+    /// (gap + window) / window: what each of its samples' intervals is multiplied by.
+    scale: f64,
+}
+
 /// When and how one session samples.
 pub struct SamplerState {
     /// Allocations left before the next sample.
     countdown: Cell<u64>,
-    /// The interval `countdown` started from: added to `allocations_seen` when it runs out.
+    /// The interval `countdown` started from: the weight of the sample it leads to.
     interval: Cell<u64>,
     rng: Cell<u64>,
     /// Frame buffers for rb_profile_frames, sized when sampling starts (never in the hook).
     frames: RefCell<Vec<VALUE>>,
     lines: RefCell<Vec<i32>>,
+    window: Cell<Window>,
+    /// Windowed mode: the VM's allocation counter where the previous window ended.
+    last_close: Cell<u64>,
     pub stats: RefCell<SamplerStats>,
 }
 
@@ -42,6 +75,11 @@ pub struct SamplerStats {
     pub hook_errors: u64,
     pub sampling_ns_total: u64,
     pub sampling_ns_max: u64,
+    /// Windowed mode: windows opened; timer ticks that found the window still open (the program
+    /// allocated less than the window covers since); allocations inside windows.
+    pub windows_opened: u64,
+    pub windows_still_open: u64,
+    pub window_allocations: u64,
 }
 
 /// What a sample needs from its session's options.
@@ -49,6 +87,39 @@ pub struct SamplerStats {
 pub struct SampleConfig {
     pub sample_every: u64,
     pub max_frames: usize,
+    pub mode: Mode,
+}
+
+impl SampleConfig {
+    /// Windowed mode: a window's length over the gap before it, `m / (sample_every - m)` for an
+    /// in-window mean `m`, so that a sample weighs `sample_every` on average (its interval `m`
+    /// times `(gap + window) / window`). Infinite (one window that never closes) when
+    /// `sample_every` is too small to leave gaps.
+    fn window_share(&self) -> f64 {
+        let m = self.countdown_mean();
+        match self.sample_every > m {
+            true => m as f64 / (self.sample_every - m) as f64,
+            false => f64::INFINITY,
+        }
+    }
+
+    /// Mean interval of the countdown (inside windows, for the windowed sampler: at most half of
+    /// `sample_every`, so windows leave gaps).
+    fn countdown_mean(&self) -> u64 {
+        match self.mode {
+            Mode::Countdown => self.sample_every,
+            Mode::Windowed { .. } => WINDOW_SAMPLE_EVERY.min(self.sample_every / 2).max(1),
+        }
+    }
+}
+
+/// What one allocation did to a session's sampler (see `SamplerState::tick`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Tick {
+    /// This allocation is to be sampled.
+    pub due: bool,
+    /// Windowed mode: the window closed with this allocation.
+    pub closed: bool,
 }
 
 impl Default for SamplerState {
@@ -59,18 +130,85 @@ impl Default for SamplerState {
             rng: Cell::new(seed()),
             frames: RefCell::new(Vec::new()),
             lines: RefCell::new(Vec::new()),
+            window: Cell::new(Window::default()),
+            last_close: Cell::new(0),
             stats: RefCell::new(SamplerStats::default()),
         }
     }
 }
 
 impl SamplerState {
-    /// Gets ready to sample: frame buffers and the first interval. Needs no GVL; allocates
-    /// (Rust allocator), so never call it from the hook.
-    pub fn prepare(&self, every: u64) {
+    /// Gets ready to sample: frame buffers, the first interval, and (windowed) a closed window
+    /// with the allocation counter to measure the first gap from. Needs the GVL; allocates (Rust
+    /// allocator), so never call it from the hook.
+    pub fn prepare(&self, config: SampleConfig) {
         self.frames.borrow_mut().resize(MAX_FRAMES_LIMIT, 0);
         self.lines.borrow_mut().resize(MAX_FRAMES_LIMIT, 0);
-        self.draw_interval(every);
+        self.draw_interval(config.countdown_mean());
+        self.window.set(Window::default());
+        self.last_close.set(shims::total_allocated_objects());
+    }
+
+    /// Whether this session needs the NEWOBJ hook now.
+    pub fn wants_hook(&self, mode: Mode) -> bool {
+        match mode {
+            Mode::Countdown => true,
+            Mode::Windowed { .. } => self.window.get().open,
+        }
+    }
+
+    /// Windowed mode: opens a window over `share * gap` allocations, unless one is open. Needs the
+    /// GVL (called from the timer's tick, never from the hook).
+    pub fn open_window(&self, config: SampleConfig) {
+        let mut stats = self.stats.borrow_mut();
+        if self.window.get().open {
+            stats.windows_still_open += 1;
+            return;
+        }
+        let now = shims::total_allocated_objects();
+        let gap = now.saturating_sub(self.last_close.get());
+        let length = (gap as f64 * config.window_share()).round();
+        let length = match length.is_finite() {
+            true => (length as u64).clamp(1, u64::MAX / 4),
+            false => u64::MAX / 4,
+        };
+        stats.windows_opened += 1;
+        stats.window_allocations = stats.window_allocations.wrapping_add(length);
+        self.window.set(Window {
+            open: true,
+            left: length,
+            scale: (gap + length) as f64 / length as f64,
+        });
+        self.last_close.set(now.saturating_add(length));
+    }
+
+    /// One allocation went by: whether it is the one to sample, and (windowed) whether it closed
+    /// the window. The hook's only work on an allocation that is not sampled. Wrapping, so it
+    /// cannot panic whatever state a caught panic left behind.
+    #[inline]
+    pub fn tick(&self, mode: Mode) -> Tick {
+        let mut closed = false;
+        if let Mode::Windowed { .. } = mode {
+            let mut window = self.window.get();
+            window.left = window.left.wrapping_sub(1);
+            if window.left == 0 {
+                window.open = false;
+                closed = true;
+            }
+            self.window.set(window);
+        }
+        let left = self.countdown.get().wrapping_sub(1);
+        self.countdown.set(left);
+        Tick {
+            due: left == 0,
+            closed,
+        }
+    }
+
+    /// Lets the next allocation take the sample instead (more sessions were due at once than
+    /// one hook call serves).
+    pub fn postpone(&self) {
+        self.countdown.set(1);
     }
 
     /// For a forked child: a fresh random stream (parent and child must not sample the same
@@ -85,22 +223,6 @@ impl SamplerState {
     /// Test aid: a fixed seed, so estimates cannot flake.
     pub fn set_seed(&self, seed: u64) {
         self.rng.set(seed | 1);
-    }
-
-    /// One allocation went by: true when it is the one to sample. The hook's only work on an
-    /// allocation that is not sampled. Wrapping, so it cannot panic whatever state a caught
-    /// panic left behind.
-    #[inline]
-    pub fn tick(&self) -> bool {
-        let left = self.countdown.get().wrapping_sub(1);
-        self.countdown.set(left);
-        left == 0
-    }
-
-    /// Lets the next allocation take the sample instead (more sessions were due at once than
-    /// one hook call serves).
-    pub fn postpone(&self) {
-        self.countdown.set(1);
     }
 
     fn next_random(&self) -> u64 {
@@ -133,13 +255,25 @@ impl SamplerState {
         self.interval.set(interval);
     }
 
-    /// The countdown ran out: counts the allocations it covered and draws the next interval.
-    /// Call before deciding whether to take the sample, so skipped samples are counted too.
-    pub fn on_due(&self, every: u64) {
-        if let Ok(mut stats) = self.stats.try_borrow_mut() {
-            stats.allocations_seen = stats.allocations_seen.wrapping_add(self.interval.get());
-        }
-        self.draw_interval(every);
+    /// The countdown ran out: the weight of the sample due now (its interval, scaled up to the
+    /// window's gap in windowed mode), counted as seen, and the next interval drawn. Called
+    /// before deciding whether to take the sample, so skipped samples are counted too.
+    fn on_due(&self, stats: &mut SamplerStats, config: SampleConfig) -> u64 {
+        let interval = self.interval.get();
+        let weight = match config.mode {
+            Mode::Countdown => interval,
+            Mode::Windowed { .. } => {
+                let scaled = (interval as f64 * self.window.get().scale).round();
+                if scaled.is_finite() && scaled >= 1.0 {
+                    scaled.min(u64::MAX as f64 / 2.0) as u64
+                } else {
+                    1
+                }
+            }
+        };
+        stats.allocations_seen = stats.allocations_seen.wrapping_add(weight);
+        self.draw_interval(config.countdown_mean());
+        weight
     }
 }
 
@@ -170,6 +304,7 @@ pub fn sample(
         .stats
         .try_borrow_mut()
         .map_err(|_| HeapError::Host("sampler state in use (reentrant hook)".into()))?;
+    let weight = state.on_due(&mut stats, config);
     stats.samples_taken += 1;
     if busy {
         stats.skipped_reentrant += 1;
@@ -201,7 +336,7 @@ pub fn sample(
     let class_name = capture::class_name_of(object);
     let recorded = core.record_allocation_from(
         object as usize,
-        config.sample_every,
+        weight,
         Some(class_name),
         &captured,
         gc_count,

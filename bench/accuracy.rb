@@ -1,0 +1,93 @@
+# frozen_string_literal: true
+
+# Accuracy of both samplers at their default settings (issue 13, item 4): how close the live
+# objects a profile estimates come to what the program really retains, on workloads that trip
+# samplers up:
+# - three sites retained in known numbers (20:5:1), interleaved with garbage;
+# - a periodic pattern, keep 1 allocation in K for K from 2 to 2048 (a systematic sampler whose
+#   period shares a factor with K sees all or none of the kept ones);
+# - two phases, one allocating in a tight loop and one the same count in bursts between pauses
+#   (a timer-driven sampler sees the slow phase far more often per allocation).
+# Each row is estimate / truth (1.000 is exact) for each sampler, the median of ROUNDS runs, with
+# the spread (min..max). Counts are large enough that the smallest site rests on ~1000 samples.
+#
+# Run: rake bench:accuracy (or ruby -Ilib bench/accuracy.rb; BENCH_SMOKE=1 for a quick run)
+require_relative "support"
+
+ROUNDS = Bench.pick(3, 1)
+SCALE = Bench.pick(1_000_000, 20_000) # the smallest site's retained count
+SAMPLERS = {countdown: {sampler: :countdown}, windowed: {sampler: :windowed}}.freeze
+
+# Runs `work` under a recorder with `opts`; returns the estimated live count per class name.
+def estimate(opts)
+  rec = DatadogHeap::Recorder.new(**opts)
+  rec.start
+  kept = yield
+  rec.stop
+  rec.commit
+  GC.start
+  counts = rec.each_live_object.each_with_object(Hash.new(0)) { |o, h| h[o.class_name] += o.weight }
+  [counts, kept]
+end
+
+SCENARIOS = {
+  "three sites 20:5:1 (Array/Hash/String)" => lambda do |opts|
+    counts, kept = estimate(opts) do
+      keep = []
+      (20 * SCALE).times do |i|
+        keep << Array.new(1)
+        keep << {} if i % 4 == 0
+        keep << String.new if i % 20 == 0
+        o = Object.new
+      end
+      keep
+    end
+    truth = {"Array" => 20 * SCALE, "Hash" => 5 * SCALE, "String" => SCALE}
+    truth.map { |k, t| ["#{k} (#{t})", counts[k].to_f / t] }
+  end,
+  "keep 1 in K" => lambda do |opts|
+    [2, 10, 128, 2048].map do |k|
+      n = 10 * SCALE * [k, 10].min
+      counts, kept = estimate(opts) do
+        keep = []
+        i = 0
+        while i < n
+          o = Object.new
+          keep << o if i % k == 0
+          i += 1
+        end
+        keep
+      end
+      ["K=#{k} (#{kept.size} kept of #{n})", counts["Object"].to_f / kept.size]
+    end
+  end,
+  "fast phase then slow phase" => lambda do |opts|
+    counts, kept = estimate(opts) do
+      fast = Array.new(2 * SCALE) { Array.new(1) }
+      slow = []
+      200.times do
+        (2 * SCALE / 200).times { slow << String.new }
+        sleep 0.002
+      end
+      [fast, slow]
+    end
+    [["fast: Array (#{2 * SCALE})", counts["Array"].to_f / (2 * SCALE)],
+      ["slow: String (#{2 * SCALE / 200 * 200})", counts["String"].to_f / (2 * SCALE / 200 * 200)]]
+  end,
+}.freeze
+
+Bench.header("bench/accuracy.rb: estimated / retained live objects at default settings",
+  ["#{ROUNDS} rounds per cell, median (min..max); sample_every 1024 for both samplers"])
+rows = []
+SCENARIOS.each do |name, scenario|
+  per_sampler = SAMPLERS.transform_values { |opts| Array.new(ROUNDS) { scenario.call(opts) } }
+  labels = per_sampler.values.first.first.map(&:first)
+  labels.each_with_index do |label, i|
+    cells = per_sampler.map do |_, runs|
+      ratios = runs.map { |r| r[i][1] }
+      format("%.3f (%.3f..%.3f)", Bench.median(ratios), ratios.min, ratios.max)
+    end
+    rows << [rows.none? { |r| r[0] == name } ? name : "", label, *cells]
+  end
+end
+Bench.table(["scenario", "site", "countdown", "windowed"], rows)

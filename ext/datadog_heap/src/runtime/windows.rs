@@ -1,0 +1,220 @@
+//! Windowed sampling (see `sampler::Mode`): the timer that opens sampling windows, and the tick it
+//! causes, which runs with the GVL: young updates for sessions that met a GC since the last tick,
+//! then a window for each windowed session (each keeps a tick with probability its own rate over
+//! the timer's, so each gets its own Poisson stream of windows), then the hooks set to match.
+//!
+//! The timer:
+//! - Ruby >= 3.3: a native thread that never touches the VM. It sleeps an exponential time with
+//!   mean 1 / rate, then triggers the window job with `rb_postponed_job_trigger`, which is safe
+//!   from a thread that is not a Ruby thread: vm_trace.c finds no execution context there and
+//!   flags the main Ractor's running one instead.
+//! - Ruby < 3.3: `rb_postponed_job_register_one` reads the caller's execution context, which a
+//!   non-Ruby thread does not have (vm_trace.c of 3.1 and 3.2 dereferences it), so a native
+//!   thread cannot ask for a job there. A Ruby thread does the sleeping instead
+//!   (`DatadogHeap::WindowTimer` in lib/datadog_heap.rb): `sleep` releases the GVL, and the tick
+//!   runs in that thread once it has the GVL back.
+//!
+//! Everything here needs the GVL except the native timer thread's loop.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use magnus::Ruby;
+
+use super::{busy::BusyGuard, listed, sync_hooks, Session};
+use crate::sampler::Mode;
+use crate::shims;
+
+/// A windowed session's rate, or `None` for a countdown session.
+fn rate_of(session: &Session) -> Option<f64> {
+    match session.config.mode {
+        Mode::Windowed { per_second } => Some(per_second),
+        Mode::Countdown => None,
+    }
+}
+
+/// The highest rate among running windowed sessions: what the timer ticks at; `None` when no
+/// windowed session runs (no timer then).
+pub fn wanted_rate(sessions: &[(Arc<Session>, rb_sys::VALUE)]) -> Option<f64> {
+    (sessions.iter())
+        .filter(|(s, _)| s.is_running() && !s.is_dropped())
+        .filter_map(|(s, _)| rate_of(s))
+        .reduce(f64::max)
+}
+
+static THINNING_RNG: AtomicU64 = AtomicU64::new(0x9E37_79B9_7F4A_7C15);
+
+/// A uniform draw in [0, 1). Needs no lock: a lost update between two threads only repeats a draw.
+fn uniform() -> f64 {
+    let mut x = THINNING_RNG.load(Ordering::Relaxed);
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    THINNING_RNG.store(x, Ordering::Relaxed);
+    (x >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// One tick of the window timer. GVL held; may run Ruby code (young updates use the WeakMaps).
+/// Returns the timer's rate after it, `None` when no windowed session runs any more.
+pub fn tick(ruby: &Ruby) -> Option<f64> {
+    let _busy = BusyGuard::enter();
+    let sessions = listed(|s| s.is_running() && rate_of(s).is_some());
+    let timer_rate = wanted_rate(&sessions);
+    let gc_count = shims::gc_count();
+    for (session, owner) in &sessions {
+        let owner = std::hint::black_box(*owner);
+        if session.is_dropped() || !session.is_running() {
+            continue;
+        }
+        // Scheduled here rather than by a GC-end hook, which would cost every allocation the
+        // slow path on Ruby 3.1. The core's gating (GC generation, minimum interval) applies.
+        if session.note_gc_count(gc_count) {
+            session.young_update_from_job(ruby);
+        }
+        if let (Some(rate), Some(top)) = (rate_of(session), timer_rate) {
+            if rate >= top || uniform() < rate / top {
+                session.sampler.open_window(session.config);
+            }
+        }
+        std::hint::black_box(&owner);
+    }
+    sync_hooks();
+    timer_rate
+}
+
+/// Draws the time to the next tick: exponential with mean 1 / `rate`, in nanoseconds, at least
+/// 10 µs and at most 10 s.
+#[cfg(ruby_gte_3_3)]
+pub fn next_delay_ns(rate: f64) -> u64 {
+    let u = 1.0 - uniform(); // (0, 1]
+    let mean = 1e9 / rate.max(1e-3);
+    (-(u.ln()) * mean).clamp(10_000.0, 10e9) as u64
+}
+
+#[cfg(ruby_gte_3_3)]
+pub use native::{after_fork, set_rate, shutdown};
+#[cfg(not(ruby_gte_3_3))]
+pub use ruby_thread::{after_fork, set_rate, shutdown};
+
+#[cfg(ruby_gte_3_3)]
+mod native {
+    use std::sync::{Arc, Condvar, Mutex};
+    use std::thread::JoinHandle;
+    use std::time::Duration;
+
+    use crate::gvl_cell::GvlCell;
+
+    struct Shared {
+        /// The rate to tick at; `None` asks the thread to end.
+        rate: Mutex<Option<f64>>,
+        wake: Condvar,
+    }
+
+    struct Timer {
+        shared: Arc<Shared>,
+        thread: JoinHandle<()>,
+    }
+
+    static TIMER: GvlCell<Option<Timer>> = GvlCell::new(None);
+
+    fn with<R>(f: impl FnOnce(&mut Option<Timer>) -> R) -> R {
+        // SAFETY: every caller holds the GVL (module contract); the closures make no VM call.
+        unsafe { TIMER.with(f) }
+    }
+
+    fn run(shared: Arc<Shared>) {
+        let Ok(mut rate) = shared.rate.lock() else {
+            return;
+        };
+        while let Some(r) = *rate {
+            let delay = Duration::from_nanos(super::next_delay_ns(r));
+            rate = match shared.wake.wait_timeout(rate, delay) {
+                Ok((guard, timeout)) => {
+                    if timeout.timed_out() && guard.is_some() {
+                        super::super::jobs::request_window();
+                    }
+                    guard
+                }
+                Err(_) => return,
+            };
+        }
+    }
+
+    /// Starts the timer at `rate`, changes its rate, or (`None`) stops it and joins its thread.
+    pub fn set_rate(rate: Option<f64>) {
+        let stopped = with(|timer| match (timer.as_ref(), rate) {
+            (Some(t), Some(_)) => {
+                if let Ok(mut r) = t.shared.rate.lock() {
+                    *r = rate;
+                }
+                None
+            }
+            (Some(_), None) => timer.take(),
+            (None, Some(_)) => {
+                let shared = Arc::new(Shared {
+                    rate: Mutex::new(rate),
+                    wake: Condvar::new(),
+                });
+                let for_thread = shared.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("datadog_heap timer".into())
+                    .spawn(move || run(for_thread));
+                if let Ok(thread) = spawned {
+                    *timer = Some(Timer { shared, thread });
+                }
+                None
+            }
+            (None, None) => None,
+        });
+        if let Some(timer) = stopped {
+            if let Ok(mut r) = timer.shared.rate.lock() {
+                *r = None;
+            }
+            timer.shared.wake.notify_all();
+            // Quick: the thread wakes at once and needs neither the GVL nor anything we hold.
+            let _ = timer.thread.join();
+        }
+    }
+
+    /// In a forked child: the timer thread was not copied, and its lock may have been held by it
+    /// at the fork, so the old timer is forgotten unused (leaked), not stopped.
+    pub fn after_fork() {
+        if let Some(timer) = with(|timer| timer.take()) {
+            std::mem::forget(timer);
+        }
+    }
+
+    /// Stops the timer for good (process exit).
+    pub fn shutdown() {
+        set_rate(None);
+    }
+}
+
+#[cfg(not(ruby_gte_3_3))]
+mod ruby_thread {
+    use magnus::{prelude::*, Error, RModule, Ruby, Value};
+
+    fn timer_module(ruby: &Ruby) -> Result<RModule, Error> {
+        ruby.define_module("DatadogHeap")?.const_get("WindowTimer")
+    }
+
+    /// Starts the Ruby timer thread (it reads its rate from each tick), or (`None`) stops it and
+    /// joins it. A failure (the Ruby side missing or raising) leaves windows unopened, never
+    /// raises: sampling just gets no windows, which the stats show.
+    pub fn set_rate(rate: Option<f64>) {
+        let Ok(ruby) = Ruby::get() else { return };
+        let Ok(module) = timer_module(&ruby) else {
+            return;
+        };
+        let _: Result<Value, Error> = match rate {
+            Some(rate) => module.funcall("start", (rate,)),
+            None => module.funcall("stop", ()),
+        };
+    }
+
+    /// In a forked child the Ruby thread is gone; the Ruby side notices (`Thread#alive?`).
+    pub fn after_fork() {}
+
+    /// At exit Ruby ends its threads itself.
+    pub fn shutdown() {}
+}

@@ -1,0 +1,190 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+require_relative "stress/stress_helper"
+
+# The windowed sampler: no allocation hook between windows, estimates that hold when allocation
+# patterns and rates change, and a timer that never outlives its recorders.
+RSpec.describe "windowed sampler" do
+  include StressHelpers
+
+  def hooks
+    newobj, gc_end, timer = DatadogHeap::Testing._native_hooks
+    {newobj: newobj, gc_end: gc_end, timer: timer}
+  end
+
+  # The window timer's thread, whichever kind this Ruby uses: a Ruby thread before 3.3, a native
+  # one (named in /proc) from 3.3 on.
+  def timer_threads
+    ruby = Thread.list.count { |t| t.name == "datadog_heap window timer" }
+    native = Dir.glob("/proc/self/task/*/comm").count { |f| File.read(f).start_with?("datadog_heap ti") rescue false } # rubocop:disable Style/RescueModifier
+    ruby + native
+  end
+
+  def live_by_site(rec)
+    rec.each_live_object.each_with_object(Hash.new(0)) { |o, h| h[o.locations.first[0]] += o.weight }
+  end
+
+  # Relative error allowed for an estimate expected to rest on `samples` samples: 10%, or four
+  # standard deviations of a sampled count when that is wider (a site with few samples cannot be
+  # estimated closer, by any sampler).
+  def tolerance(samples)
+    [0.10, 4.0 / Math.sqrt(samples)].max
+  end
+
+  it "installs no object-space hook between windows, and none at all for GCs" do
+    result = in_child(60) do
+      before = hooks
+      rec = DatadogHeap::Recorder.new(sampler: :windowed, sample_every: 1024, windows_per_second: 200)
+      rec.start
+      running = hooks
+      keep = []
+      seen = Hash.new(0)
+      # Allocate in bursts and look at the hooks in between: windows open and close.
+      400.times do
+        2_000.times { keep << Object.new }
+        keep.clear if keep.size > 100_000
+        seen[hooks[:newobj]] += 1
+        sleep 0.001
+      end
+      stats = rec.stats
+      rec.stop
+      [before, running, seen, hooks, stats[:sampler_windows_opened], stats[:sampler_samples_recorded], timer_threads]
+    end
+    before, running, seen, after, windows, samples, timers = result
+    expect(before).to eq(newobj: false, gc_end: false, timer: nil)
+    expect(running[:gc_end]).to be(false)
+    expect(running[:timer]).to eq(200.0)
+    # Windows opened and closed: most of the time, no NEWOBJ hook at all.
+    expect(windows).to be > 5
+    expect(samples).to be > 0
+    expect(seen[false]).to be > seen[true]
+    expect(after).to eq(newobj: false, gc_end: false, timer: nil)
+    expect(timers).to eq(0)
+  end
+
+  # The workloads below let other threads in now and then, as a server's threads do at every IO:
+  # on Rubies before 3.3 the window timer is a Ruby thread, which only gets the GVL when the busy
+  # thread gives it up (at most every 100 ms otherwise), and a window's samples stand for the
+  # allocations since the previous one, so the timer's resolution is the estimate's (README,
+  # "Samplers"). `pause_every` allocations, a 0.2 ms pause.
+  def windowed(**opts)
+    DatadogHeap::Recorder.new(sampler: :windowed, sample_every: 64, windows_per_second: 1000, **opts)
+  end
+
+  def allocating(n, pause_every)
+    i = 0
+    while i < n
+      yield i
+      i += 1
+      sleep 0.0002 if i % pause_every == 0
+    end
+  end
+
+  def finish(rec)
+    sleep 0.01 # a last window after the last allocation of interest
+    Array.new(10_000) { Object.new }
+    rec.stop
+    rec.commit
+    GC.start
+    rec.each_live_object.each_with_object(Hash.new(0)) { |o, h| h[o.class_name] += o.weight }
+  end
+
+  it "estimates three retained sites from their weights", :heavy do
+    result = in_child(120) do
+      rec = windowed
+      rec.start
+      keep = []
+      allocating(200_000, 2_000) do |i|
+        keep << Array.new(1)
+        keep << {} if i % 4 == 0
+        keep << String.new if i % 20 == 0
+        3.times { Object.new }
+      end
+      finish(rec).values_at("Array", "Hash", "String")
+    end
+    [200_000, 50_000, 10_000].zip(result).each do |truth, estimate|
+      expect(estimate).to be_within(tolerance(truth / 64.0) * truth).of(truth)
+    end
+  end
+
+  it "does not alias with a periodic pattern (keep 1 allocation in K)", :heavy do
+    result = in_child(120) do
+      [2, 16, 128, 1024, 2048].to_h do |k|
+        rec = windowed
+        rec.start
+        keep = []
+        allocating(1_000_000, 5_000) do |i|
+          o = Object.new
+          keep << o if i % k == 0
+        end
+        [k, [finish(rec)["Object"], keep.size]]
+      end
+    end
+    result.each do |k, (estimate, truth)|
+      expect(estimate).to be_within(tolerance(truth / 64.0) * truth).of(truth), "K=#{k}: #{estimate} for #{truth}"
+    end
+  end
+
+  it "weighs phases of very different allocation rates right", :heavy do
+    result = in_child(120) do
+      rec = windowed
+      rec.start
+      fast = []
+      slow = []
+      # The slow phase pauses a hundred times as often, so windows
+      # (opened per unit of time) see it far more often per allocation.
+      allocating(200_000, 2_000) { fast << Array.new(1) }
+      allocating(100_000, 20) { slow << String.new }
+      counts = finish(rec)
+      [counts["Array"], fast.size, counts["String"], slow.size]
+    end
+    fast_estimate, fast, slow_estimate, slow = result
+    expect(fast_estimate).to be_within(tolerance(fast / 64.0) * fast).of(fast)
+    expect(slow_estimate).to be_within(tolerance(slow / 64.0) * slow).of(slow)
+  end
+
+  it "stops its timer with the last recorder, and a forked child starts its own" do
+    result = in_child(60) do
+      rec = DatadogHeap::Recorder.new(sampler: :windowed, windows_per_second: 200)
+      rec.start
+      sleep 0.05
+      with_timer = timer_threads
+      reader, writer = IO.pipe
+      pid = fork do
+        reader.close
+        keep = Array.new(200_000) { Object.new }
+        sleep 0.1
+        keep.concat(Array.new(200_000) { Object.new })
+        writer.write(Marshal.dump([timer_threads, rec.stats[:sampler_windows_opened], rec.running?, keep.size]))
+        writer.close
+        exit!(0)
+      end
+      writer.close
+      child = Marshal.load(reader.read) # rubocop:disable Security/MarshalLoad -- our own child
+      Process.wait(pid)
+      rec.stop
+      stopped = timer_threads
+      # A child forked while nothing runs has no timer.
+      idle_child = IO.popen("-") { |io| io ? io.read : (print(timer_threads); exit!(0)) }
+      [with_timer, child, stopped, idle_child.to_i]
+    end
+    with_timer, (child_timers, child_windows, child_running, _), stopped, idle_child = result
+    expect(with_timer).to eq(1)
+    expect([child_timers, child_running]).to eq([1, true])
+    expect(child_windows).to be > 0
+    expect(stopped).to eq(0)
+    expect(idle_child).to eq(0)
+  end
+
+  it "checks its options" do
+    expect { DatadogHeap::Recorder.new(sampler: :sometimes) }.to raise_error(ArgumentError, /sampler must be one of :countdown, :windowed, got :sometimes/)
+    expect { DatadogHeap::Recorder.new(sampler: "windowed") }.to raise_error(TypeError, /sampler must be a Symbol/)
+    expect { DatadogHeap::Recorder.new(sampler: :windowed, windows_per_second: 0) }.to raise_error(ArgumentError, /windows_per_second must be above 0/)
+    expect { DatadogHeap::Recorder.new(sampler: :windowed, windows_per_second: "5") }.to raise_error(TypeError, /windows_per_second must be a number/)
+    expect { DatadogHeap::Recorder.new(sampler: :countdown, windows_per_second: 5) }.to raise_error(ArgumentError, /only/)
+    rec = DatadogHeap::Recorder.new(sampler: :windowed, windows_per_second: 50)
+    expect([rec.sampler, rec.windows_per_second]).to eq([:windowed, 50.0])
+    expect(DatadogHeap::Recorder.new(sampler: :countdown).sampler).to eq(:countdown)
+  end
+end
