@@ -1,0 +1,116 @@
+# frozen_string_literal: true
+
+# A real service under the profiler (issue 14): requests per second and latency of the example
+# service (examples/service/: Sinatra on a puma cluster, 2 workers x 4 threads, preload_app!)
+# under wrk on loopback (keep-alive, examples/service/load.lua's endpoint mix, one request in four
+# leaking), with and without the profiler, and each worker's memory after the run.
+#
+# A run boots a fresh cluster with the variant's environment, warms it up (WARMUP_SECONDS of
+# load), runs wrk for RUN_SECONDS (capped at MAX_REQUESTS requests: a run that reaches the cap
+# fails, since wrk then idles to the end), reads each worker's RSS and PSS, and stops the cluster
+# with SIGTERM. Profiled variants run with RUBYOPT=-rdatadog_heap/auto, as users run it, and
+# write a profile every PROFILE_INTERVAL seconds from each worker (a run fails unless each worker
+# wrote its final profile). Variants alternate round by round; a ratio is the median over rounds
+# of the variant's number over the baseline's from the same round. "no profiler (again)" is a
+# second baseline: its ratio to the first is the noise band of this machine during the run.
+#
+# Run: rake bench:service (or ruby -Ilib bench/service.rb; BENCH_SMOKE=1 for a quick run).
+# Needs puma, ruby-sinatra and wrk (bin/setup installs them).
+require_relative "support"
+require "fileutils"
+require "tmpdir"
+require_relative "../examples/service/cluster"
+
+ROUNDS = Bench.pick(7, 2)
+RUN_SECONDS = Bench.pick(8, 2)
+WARMUP_SECONDS = Bench.pick(2, 1)
+# About four times the highest rate seen here (~5k requests/s), so only a runaway hits it.
+MAX_REQUESTS = RUN_SECONDS * 20_000
+PROFILE_INTERVAL = Bench.pick(5, 1)
+CONNECTIONS = 8 # workers x threads: every puma thread has a keep-alive connection
+BASELINE = "no profiler"
+
+# Variant label => the datadog_heap/auto environment it adds (nil: not profiled). A sampler that
+# auto mode can select from the environment is one more line here.
+VARIANTS = {
+  BASELINE => nil,
+  "no profiler (again)" => nil,
+  "countdown sampler, default settings" => {},
+}.freeze
+
+missing = ServiceCluster.missing_tools
+abort "bench/service.rb needs #{missing.join(", ")}: run bin/setup" unless missing.empty?
+
+def memory_kb(pid)
+  rss = File.read("/proc/#{pid}/status")[/^VmRSS:\s+(\d+)/, 1].to_i
+  pss = File.read("/proc/#{pid}/smaps_rollup")[/^Pss:\s+(\d+)/, 1].to_i
+  [rss, pss]
+rescue SystemCallError
+  [0, 0]
+end
+
+def run(label, scratch)
+  out = File.join(scratch, "profiles-#{Process.clock_gettime(Process::CLOCK_MONOTONIC, :nanosecond)}")
+  env = VARIANTS.fetch(label)&.then { |extra| ServiceCluster.profiler_env(out, interval: PROFILE_INTERVAL).merge(extra) }
+  log = File.join(scratch, "puma.log")
+  cluster = ServiceCluster::Cluster.new(env: env || {}, log: log)
+  cluster.wait_booted
+  ServiceCluster.wrk(cluster.port, seconds: WARMUP_SECONDS, max_requests: MAX_REQUESTS, connections: CONNECTIONS)
+  result = ServiceCluster.wrk(cluster.port, seconds: RUN_SECONDS, max_requests: MAX_REQUESTS, connections: CONNECTIONS)
+  raise "#{label}: wrk reached its cap of #{MAX_REQUESTS} requests: raise MAX_REQUESTS" if result[:capped]
+
+  errors = result[:errors].values.sum
+  raise "#{label}: #{errors} failed requests: #{result[:errors]}\n#{File.read(log)}" unless errors.zero?
+
+  workers = cluster.worker_pids
+  raise "#{label}: #{workers.size} workers running, expected 2\n#{File.read(log)}" unless workers.size == 2
+
+  memory = workers.map { |pid| memory_kb(pid) }
+  status = cluster.stop
+  raise "#{label}: the cluster did not stop within 30 s of SIGTERM\n#{File.read(log)}" unless status
+
+  if env
+    unwritten = workers.reject { |pid| Dir[File.join(out, "heap-#{pid}-*.pb.gz")].size >= 2 }
+    raise "#{label}: workers #{unwritten} wrote fewer than 2 profiles\n#{File.read(log)}" unless unwritten.empty?
+  end
+  FileUtils.rm_rf(out)
+  result.merge(rss_kb: memory.sum(&:first) / memory.size.to_f, pss_kb: memory.sum(&:last) / memory.size.to_f)
+ensure
+  cluster&.kill_all unless cluster.nil? || cluster.exited?
+end
+
+Bench.header("bench/service.rb: the example puma service under wrk, with and without the profiler",
+  ["puma 2 workers x 4 threads (preload_app!), wrk -t2 -c#{CONNECTIONS} on 127.0.0.1, #{RUN_SECONDS} s per run " \
+   "after #{WARMUP_SECONDS} s of warm-up, #{ROUNDS} rounds; profiled runs write a profile every #{PROFILE_INTERVAL} s per worker",
+   "ratios: median over rounds of variant / #{BASELINE} in the same round; latency is wrk's (closed loop)"])
+
+labels = VARIANTS.keys
+res = Dir.mktmpdir("bench-service-") do |scratch|
+  Bench.alternate(labels, ROUNDS, gc: false) { |label| run(label, scratch) }
+end
+
+med = ->(label, key) { Bench.median(res[label].map { |r| key.is_a?(Array) ? r.dig(*key) : r[key] }) }
+rows = labels.map do |label|
+  base = label == BASELINE
+  ratio = ->(key) { base ? "" : Bench.ratio(Bench.median(res[label].zip(res[BASELINE]).map { |v, b| v.dig(*key).to_f / b.dig(*key) })) }
+  [label, format("%.0f", med.call(label, :requests_per_second)), ratio.call([:requests_per_second]),
+    Bench.ms(med.call(label, [:latency_us, :p50]) / 1e6), ratio.call([:latency_us, :p50]),
+    Bench.ms(med.call(label, [:latency_us, :p99]) / 1e6), ratio.call([:latency_us, :p99]),
+    Bench.bytes(med.call(label, :rss_kb) * 1024), Bench.bytes(med.call(label, :pss_kb) * 1024)]
+end
+Bench.table(["variant", "req/s", "req/s ratio", "p50", "p50 ratio", "p99", "p99 ratio", "RSS per worker", "PSS per worker"], rows)
+
+# Every round's numbers, so the spread behind each median is visible.
+round_rows = ROUNDS.times.flat_map do |round|
+  labels.map do |label|
+    r = res[label][round]
+    b = res[BASELINE][round]
+    [round + 1, label, format("%.0f", r[:requests_per_second]), Bench.ratio(r[:requests_per_second] / b[:requests_per_second]),
+      Bench.ms(r[:latency_us][:p50] / 1e6), Bench.ms(r[:latency_us][:p99] / 1e6), Bench.bytes(r[:rss_kb] * 1024)]
+  end
+end
+Bench.table(["round", "variant", "req/s", "vs #{BASELINE}", "p50", "p99", "RSS per worker"], round_rows)
+
+noise = res["no profiler (again)"].zip(res[BASELINE]).map { |a, b| a[:requests_per_second] / b[:requests_per_second] - 1 }
+puts "noise band (no profiler (again) vs #{BASELINE}, per round): #{noise.map { |n| Bench.percent(n) }.join(" ")}; " \
+  "median #{Bench.percent(Bench.median(noise))}"
