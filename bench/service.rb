@@ -5,10 +5,10 @@
 # under wrk on loopback (keep-alive, examples/service/load.lua's endpoint mix, one request in four
 # leaking), with and without the profiler, and each worker's memory after the run.
 #
-# A run boots a fresh cluster with the variant's environment, warms it up (WARMUP_SECONDS of
-# load), runs wrk for RUN_SECONDS (capped at MAX_REQUESTS requests: a run that reaches the cap
-# fails, since wrk then idles to the end), reads each worker's RSS and PSS, and stops the cluster
-# with SIGTERM. Profiled variants run with RUBYOPT=-rdatadog_heap/auto, as users run it, and
+# A run boots a fresh cluster with the variant's environment, warms it up (WARMUP_REQUESTS), times
+# REQUESTS more with wrk (a run that takes longer than TIME_LIMIT seconds fails), reads each
+# worker's RSS and PSS, and stops the cluster with SIGTERM. Every run serves the same number of
+# requests, so the leak has grown by as much in each when memory is read. Profiled variants run with RUBYOPT=-rdatadog_heap/auto, as users run it, and
 # write a profile every PROFILE_INTERVAL seconds from each worker (a run fails unless each worker
 # wrote its final profile). Variants alternate round by round; a ratio is the median over rounds
 # of the variant's number over the baseline's from the same round. "no profiler (again)" is a
@@ -22,10 +22,10 @@ require "tmpdir"
 require_relative "../examples/service/cluster"
 
 ROUNDS = Bench.pick(7, 2)
-RUN_SECONDS = Bench.pick(8, 2)
-WARMUP_SECONDS = Bench.pick(2, 1)
-# About four times the highest rate seen here (~5k requests/s), so only a runaway hits it.
-MAX_REQUESTS = RUN_SECONDS * 20_000
+REQUESTS = Bench.pick(50_000, 6_000)
+WARMUP_REQUESTS = Bench.pick(10_000, 2_000)
+# Seconds: ten times what REQUESTS takes here (5-8k requests/s).
+TIME_LIMIT = Bench.pick(90, 15)
 PROFILE_INTERVAL = Bench.pick(5, 1)
 CONNECTIONS = 8 # workers x threads: every puma thread has a keep-alive connection
 BASELINE = "no profiler"
@@ -55,9 +55,12 @@ def run(label, scratch)
   log = File.join(scratch, "puma.log")
   cluster = ServiceCluster::Cluster.new(env: env || {}, log: log)
   cluster.wait_booted
-  ServiceCluster.wrk(cluster.port, seconds: WARMUP_SECONDS, max_requests: MAX_REQUESTS, connections: CONNECTIONS)
-  result = ServiceCluster.wrk(cluster.port, seconds: RUN_SECONDS, max_requests: MAX_REQUESTS, connections: CONNECTIONS)
-  raise "#{label}: wrk reached its cap of #{MAX_REQUESTS} requests: raise MAX_REQUESTS" if result[:capped]
+  result = [WARMUP_REQUESTS, REQUESTS].map do |count|
+    r = ServiceCluster.wrk(cluster.port, seconds: TIME_LIMIT, max_requests: count, connections: CONNECTIONS)
+    raise "#{label}: #{count} requests took more than #{TIME_LIMIT} s: #{r}" unless r[:capped]
+
+    r
+  end.last
 
   errors = result[:errors].values.sum
   raise "#{label}: #{errors} failed requests: #{result[:errors]}\n#{File.read(log)}" unless errors.zero?
@@ -80,8 +83,8 @@ ensure
 end
 
 Bench.header("bench/service.rb: the example puma service under wrk, with and without the profiler",
-  ["puma 2 workers x 4 threads (preload_app!), wrk -t2 -c#{CONNECTIONS} on 127.0.0.1, #{RUN_SECONDS} s per run " \
-   "after #{WARMUP_SECONDS} s of warm-up, #{ROUNDS} rounds; profiled runs write a profile every #{PROFILE_INTERVAL} s per worker",
+  ["puma 2 workers x 4 threads (preload_app!), wrk -t2 -c#{CONNECTIONS} on 127.0.0.1, #{REQUESTS} requests timed per run " \
+   "after #{WARMUP_REQUESTS} of warm-up, #{ROUNDS} rounds; profiled runs write a profile every #{PROFILE_INTERVAL} s per worker",
    "ratios: median over rounds of variant / #{BASELINE} in the same round; latency is wrk's (closed loop)"])
 
 labels = VARIANTS.keys

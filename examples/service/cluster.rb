@@ -60,22 +60,31 @@ module ServiceCluster
     server&.close
   end
 
-  # Runs wrk with load.lua against `port` for `seconds`, with at most `max_requests` requests in
-  # all (split over the wrk threads). Returns wrk's summary: {requests:, duration_us:, errors:,
-  # latency_us: {p50:, p90:, p99:, max:, mean:}, requests_per_second:, capped:}. `capped` is true
-  # when a thread reached its share of `max_requests` before `seconds` were up (wrk then idles to
-  # the end, so the rate understates the service's).
+  # Runs wrk with load.lua against `port` until it has `max_requests` responses (split over the
+  # wrk threads) or `seconds` have passed, whichever comes first. Returns wrk's summary:
+  # {requests:, duration_us:, errors:, latency_us: {p50:, p90:, p99:, max:, mean:},
+  # requests_per_second:, capped:}; `capped` is true when the request bound ended the run.
   def wrk(port, seconds:, max_requests:, connections: 8, threads: 2, timeout: 5)
     per_thread = (max_requests.to_f / threads).ceil
     cmd = ["wrk", "-t#{threads}", "-c#{connections}", "-d#{seconds}s", "--timeout", "#{timeout}s",
       "-s", LOAD_SCRIPT, "http://127.0.0.1:#{port}", "--", per_thread.to_s]
-    out = IO.popen(cmd, err: [:child, :out], &:read)
+    out = +""
+    done = 0
+    IO.popen(cmd, err: [:child, :out]) do |io|
+      io.each_line do |line|
+        out << line
+        next unless line.start_with?("WRK_THREAD_DONE")
+
+        done += 1
+        Process.kill("INT", io.pid) if done == threads
+      end
+    end
     raise Error, "#{cmd.join(" ")} failed (#{$?.inspect}):\n#{out}" unless $?.success?
 
     line = out.lines.grep(/\AWRK_JSON /).last or raise Error, "wrk printed no summary:\n#{out}"
     result = JSON.parse(line.delete_prefix("WRK_JSON "), symbolize_names: true)
     result[:requests_per_second] = result[:requests] / (result[:duration_us] / 1e6)
-    result[:capped] = result[:requests] >= per_thread * threads
+    result[:capped] = done == threads
     result
   end
 

@@ -4,7 +4,9 @@
 --   wrk -t2 -c8 -d10s -s examples/service/load.lua http://127.0.0.1:9292 -- 10000
 --
 -- The argument after -- is the most responses each wrk thread waits for (-t2 -- 10000: at most
--- about 20000 requests); without it only wrk's -d bounds the run. done() prints one line,
+-- about 20000 requests); without it only wrk's -d bounds the run. A thread that got them prints
+-- `WRK_THREAD_DONE` and stops; wrk itself runs on to -d, unless sent SIGINT (cluster.rb's `wrk`
+-- does that once every thread is done, so its rates use the real duration). done() prints one line,
 -- `WRK_JSON {...}`: requests, duration (µs), errors by kind, latency percentiles (µs).
 
 local threads = {}
@@ -42,7 +44,11 @@ end
 
 function response(status, headers, body)
   responses = responses + 1
-  if limit and responses >= limit then
+  if responses == limit then
+    -- wrk idles until -d once every thread stopped: the line tells whoever runs it to end the run
+    -- with SIGINT (wrk then reports the time it really took).
+    io.write("WRK_THREAD_DONE\n")
+    io.flush()
     wrk.thread:stop()
   end
 end

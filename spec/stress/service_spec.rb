@@ -1,0 +1,192 @@
+# frozen_string_literal: true
+
+require "open3"
+require "rbconfig"
+require "timeout"
+require "tmpdir"
+require_relative "stress_helper"
+require_relative "../../examples/service/cluster"
+
+# The example service (examples/service/) as users run it: a puma cluster (2 workers x 4
+# threads, preload_app!) started with RUBYOPT=-rdatadog_heap/auto, each worker writing a profile
+# every second. One scenario, 10 s of wrk load in four phases bounded in time and requests:
+# warm-up (1 s); steady load (4 s); a worker SIGKILLed and replaced (2 s); SIGUSR1 and new
+# workers (3 s; with preload_app! puma has no phased restart and restarts the whole cluster: the
+# master re-executes itself and forks new workers); then SIGTERM. The examples check what it left
+# behind. Constants are the scenario's, so they sit on the example group.
+RSpec.describe "the example puma service under the profiler", :stress do
+  SCENARIO_SECONDS = 150
+  PROFILE = /heap-(\d+)-(\d+)\.pb\.gz\z/
+  # The LRU holds 256 short strings (~35 kB); one sample of one is ~0.1 MiB at sample_every 1024.
+  # 1 MiB would be ten samples at once: the LRU keeping far more than its capacity.
+  LRU_BOUND = 1024 * 1024
+  CRASH = /\[BUG\]|Segmentation fault|Terminating timed out worker|Cancelled waiting for workers|Unable to start worker|Detected parent died|datadog_heap\/auto:/
+
+  before(:context) do
+    missing = ServiceCluster.missing_tools
+    unless missing.empty?
+      # The Ruby 3.3/3.4 chroots of .ci/run have no puma; on the host, bin/setup installs it.
+      skip "#{missing.join(", ")} not installed in this chroot" if ENV["RUBY_CHROOT"]
+      raise "#{missing.join(", ")} not installed: run bin/setup"
+    end
+
+    @dir = Dir.mktmpdir("service-spec-")
+    @out = File.join(@dir, "profiles")
+    @leak_site = ServiceCluster.site("leak site")
+    @lru_site = ServiceCluster.site("lru site")
+    Timeout.timeout(SCENARIO_SECONDS) { run_scenario }
+  end
+
+  after(:context) do
+    @cluster&.kill_all unless @cluster.nil? || @cluster.exited?
+    FileUtils.rm_rf(@dir) if @dir && (ENV["SERVICE_SPEC_KEEP"] != "1")
+  end
+
+  def run_scenario
+    @started = monotonic
+    @cluster = ServiceCluster::Cluster.new(env: ServiceCluster.profiler_env(@out, interval: 1), log: File.join(@dir, "puma.log"))
+    @cluster.wait_booted(2)
+    @first_workers = @cluster.boots.map(&:last)
+    @loads = []
+    load_phase(1) # fills the LRU, so what follows only churns it
+    @warmed_at = Time.now
+    load_phase(4)
+
+    @killed = @first_workers.first
+    @survivor = @first_workers.last
+    @killed_at = Time.now
+    @cluster.signal("KILL", @killed)
+    @cluster.wait_booted(3)
+    @replacement = @cluster.boots.last.last
+    load_phase(2)
+
+    @restarted_at = Time.now
+    @cluster.signal("USR1")
+    @cluster.wait_booted(5)
+    @restarted_workers = @cluster.boots.last(2).map(&:last)
+    load_phase(3)
+
+    @stopped_at = Time.now
+    @status = @cluster.stop(seconds: 30)
+    @elapsed = monotonic - @started
+    @log = File.read(@cluster.log)
+    @profiles = Dir[File.join(@out, "*.pb.gz")].group_by { |path| Integer(path[PROFILE, 1]) }
+    @profiles.each_value { |paths| paths.sort_by! { |p| Integer(p[PROFILE, 2]) } }
+    report("service scenario", elapsed: @elapsed.round(1), loads: @loads,
+      profiles: @profiles.transform_values(&:size), boots: @cluster.boots)
+  end
+
+  # wrk for `seconds`, and at most 20,000 requests a second of it (about three times what this
+  # machine serves).
+  def load_phase(seconds)
+    result = ServiceCluster.wrk(@cluster.port, seconds: seconds, max_requests: seconds * 20_000)
+    @loads << result.slice(:requests, :requests_per_second, :errors)
+    raise "failed requests: #{result.inspect}\n#{File.read(@cluster.log)}" unless result[:errors].values.sum.zero?
+  end
+
+  def workers
+    @cluster.boots.map(&:last)
+  end
+
+  # {location => live bytes} over `paths`, summed.
+  def sites_by_location(paths)
+    paths.each_with_object(Hash.new(0)) do |path, sum|
+      DatadogHeap::Profile.load(path).top(2**62 - 1).each { |s| sum[s.location] += s.live_bytes }
+    end
+  end
+
+  def bytes_at(profile, location)
+    profile.top(2**62 - 1).select { |s| s.location == location }.sum(&:live_bytes)
+  end
+
+  def cli(*args)
+    out, status = Open3.capture2e(RbConfig.ruby, File.expand_path("../../exe/datadog-heap", __dir__), *args)
+    expect(status).to be_success, out
+    out
+  end
+
+  # The first row of a CLI table (the line after the header that starts with "live bytes" or
+  # "growth"): its last column is the site.
+  def first_row_site(output, header)
+    lines = output.lines
+    row = lines[lines.index { |l| l.lstrip.start_with?(header) } + 1]
+    row.split.last
+  end
+
+  it "shuts down on SIGTERM without a crash or a hang, within the deadline" do
+    expect(@status).not_to be_nil, "puma or a worker still running 30 s after SIGTERM:\n#{@log}"
+    # Puma re-raises SIGTERM in the master once the workers are gone (raise_exception_on_sigterm).
+    expect(@status.success? || @status.termsig == Signal.list.fetch("TERM")).to be(true), "#{@status.inspect}\n#{@log}"
+    expect(@log).not_to match(CRASH)
+    expect(@log).to include("Goodbye!")
+    expect(@cluster.boots.size).to eq(5), @log
+  end
+
+  it "has every worker write decodable profiles, its own, the last one after it was told to stop" do
+    expect(workers.uniq.size).to eq(5)
+    workers.each do |pid|
+      expect(@profiles[pid]).not_to be_nil, "worker #{pid} wrote no profile: #{@profiles.keys}\n#{@log}"
+    end
+    @profiles.values.flatten.each { |path| expect(DatadogHeap::Profile.load(path).sample_types.first).to eq(["heap-live-samples", "count"]) }
+    # Every worker but the SIGKILLed one got SIGTERM from the master (at the restart, or at the
+    # end), and its last profile came after that: the one auto mode writes at exit.
+    terminated = {@survivor => @restarted_at, @replacement => @restarted_at}
+    @restarted_workers.each { |pid| terminated[pid] = @stopped_at }
+    terminated.each do |pid, signalled_at|
+      expect(File.mtime(@profiles[pid].last)).to be >= signalled_at - 0.01, "worker #{pid}"
+    end
+  end
+
+  it "puts the leaking endpoint's allocation site first, in each long-lived worker and over all of them" do
+    [@killed, @survivor].each do |pid|
+      top = DatadogHeap::Profile.load(@profiles[pid].last).top(1).first
+      expect(top.location).to eq(@leak_site), "worker #{pid}: #{top.inspect}"
+    end
+    merged = sites_by_location(@profiles.values_at(*workers).map(&:last))
+    expect(merged.max_by { |_, bytes| bytes }.first).to eq(@leak_site), merged.sort_by { |_, b| -b }.first(5).inspect
+    expect(first_row_site(cli("report", @profiles[@survivor].last), "live bytes")).to eq(@leak_site)
+  end
+
+  it "diffs two intervals of a worker: the leak grows, first; the bounded LRU does not beyond a sample" do
+    old_path = @profiles[@survivor].find { |p| File.mtime(p) >= @warmed_at }
+    new_path = @profiles[@survivor].last
+    old = DatadogHeap::Profile.load(old_path)
+    new = DatadogHeap::Profile.load(new_path)
+    diffs = old.diff(new)
+    expect(diffs.first.location).to eq(@leak_site), diffs.first(3).inspect
+    leak_growth = diffs.select { |d| d.location == @leak_site }.sum(&:bytes_change)
+    lru_growth = diffs.select { |d| d.location == @lru_site }.sum(&:bytes_change)
+    report("diff", leak_growth: leak_growth, lru_growth: lru_growth, old: old_path, new: new_path)
+    expect(leak_growth).to be > 5 * 1024 * 1024
+    expect(lru_growth).to be < [leak_growth / 100, LRU_BOUND].min
+    expect(first_row_site(cli("diff", old_path, new_path), "growth")).to eq(@leak_site)
+
+    # The leak's sampled objects never die, so its live size never falls from one profile to the
+    # next; the LRU's stays within its bound in every profile of every process.
+    series = @profiles[@survivor].map { |p| bytes_at(DatadogHeap::Profile.load(p), @leak_site) }
+    expect(series.each_cons(2).all? { |a, b| b >= a }).to be(true), series.inspect
+    expect(series.last).to be > 2 * bytes_at(old, @leak_site), series.inspect
+    @profiles.values.flatten.each do |path|
+      expect(bytes_at(DatadogHeap::Profile.load(path), @lru_site)).to be < LRU_BOUND, path
+    end
+  end
+
+  it "keeps the other worker profiling when one is SIGKILLed, and profiles its replacement" do
+    survivor_after = @profiles[@survivor].count { |p| File.mtime(p) > @killed_at + 0.5 }
+    expect(survivor_after).to be >= 1
+    expect(@profiles[@replacement].size).to be >= 1
+    expect(File.mtime(@profiles[@killed].last)).to be <= @killed_at + 0.01
+  end
+
+  it "restarts on SIGUSR1 (a full restart with preload_app!) into new workers that profile" do
+    expect(@log).to include("phased-restart called but not available, restarting normally")
+    expect(@restarted_workers & @first_workers).to be_empty
+    @restarted_workers.each do |pid|
+      expect(@profiles[pid].count { |p| File.mtime(p) > @restarted_at }).to be >= 1
+    end
+    # 3 s of load: the leak has tens of samples in each new worker, but one sample of a large
+    # object the new master allocated at boot (a Module) weighs ~1.6 MiB, so rank them together.
+    merged = sites_by_location(@profiles.values_at(*@restarted_workers).map(&:last))
+    expect(merged.max_by { |_, bytes| bytes }.first).to eq(@leak_site), merged.sort_by { |_, b| -b }.first(5).inspect
+  end
+end
