@@ -8,11 +8,14 @@
 # A run boots a fresh cluster with the variant's environment, warms it up (WARMUP_REQUESTS), times
 # REQUESTS more with wrk (a run that takes longer than TIME_LIMIT seconds fails), reads each
 # worker's RSS and PSS, and stops the cluster with SIGTERM. Every run serves the same number of
-# requests, so the leak has grown by as much in each when memory is read. Profiled variants run with RUBYOPT=-rdatadog_heap/auto, as users run it, and
-# write a profile every PROFILE_INTERVAL seconds from each worker (a run fails unless each worker
-# wrote its final profile). Variants alternate round by round; a ratio is the median over rounds
-# of the variant's number over the baseline's from the same round. "no profiler (again)" is a
-# second baseline: its ratio to the first is the noise band of this machine during the run.
+# requests, so the leak has grown by as much in each when memory is read. Besides wrk's numbers
+# it reads the workers' CPU time (user + system, /proc) over the timed requests: CPU per request
+# is what caps req/s once the cores are busy, and unlike wall time it barely moves when another
+# process takes a core. Profiled variants run with RUBYOPT=-rdatadog_heap/auto, as users run it,
+# and write a profile every PROFILE_INTERVAL seconds from each worker (a run fails unless each
+# worker wrote at least two). Variants alternate round by round; a ratio is the median over
+# rounds of the variant's number over the baseline's from the same round. "no profiler (again)"
+# is a second baseline: its ratio to the first is the noise band of this machine during the run.
 #
 # Run: rake bench:service (or ruby -Ilib bench/service.rb; BENCH_SMOKE=1 for a quick run).
 # Needs puma, ruby-sinatra and wrk (bin/setup installs them).
@@ -41,6 +44,14 @@ VARIANTS = {
 missing = ServiceCluster.missing_tools
 abort "bench/service.rb needs #{missing.join(", ")}: run bin/setup" unless missing.empty?
 
+CLOCK_TICKS = Etc.sysconf(Etc::SC_CLK_TCK)
+
+# CPU seconds (user + system, every thread's) the process `pid` has used.
+def cpu_seconds(pid)
+  fields = File.read("/proc/#{pid}/stat").split(") ").last.split
+  (Integer(fields[11]) + Integer(fields[12])).to_f / CLOCK_TICKS
+end
+
 def memory_kb(pid)
   rss = File.read("/proc/#{pid}/status")[/^VmRSS:\s+(\d+)/, 1].to_i
   pss = File.read("/proc/#{pid}/smaps_rollup")[/^Pss:\s+(\d+)/, 1].to_i
@@ -55,18 +66,22 @@ def run(label, scratch)
   log = File.join(scratch, "puma.log")
   cluster = ServiceCluster::Cluster.new(env: env || {}, log: log)
   cluster.wait_booted
+  workers = cluster.worker_pids
+  raise "#{label}: #{workers.size} workers running, expected 2\n#{File.read(log)}" unless workers.size == 2
+
+  cpu = nil
   result = [WARMUP_REQUESTS, REQUESTS].map do |count|
+    cpu = workers.sum { |pid| cpu_seconds(pid) }
     r = ServiceCluster.wrk(cluster.port, seconds: TIME_LIMIT, max_requests: count, connections: CONNECTIONS)
     raise "#{label}: #{count} requests took more than #{TIME_LIMIT} s: #{r}" unless r[:capped]
 
     r
   end.last
+  cpu_per_request = (workers.sum { |pid| cpu_seconds(pid) } - cpu) / result[:requests]
 
   errors = result[:errors].values.sum
   raise "#{label}: #{errors} failed requests: #{result[:errors]}\n#{File.read(log)}" unless errors.zero?
-
-  workers = cluster.worker_pids
-  raise "#{label}: #{workers.size} workers running, expected 2\n#{File.read(log)}" unless workers.size == 2
+  raise "#{label}: workers changed during the run\n#{File.read(log)}" unless cluster.worker_pids == workers
 
   memory = workers.map { |pid| memory_kb(pid) }
   status = cluster.stop
@@ -77,7 +92,8 @@ def run(label, scratch)
     raise "#{label}: workers #{unwritten} wrote fewer than 2 profiles\n#{File.read(log)}" unless unwritten.empty?
   end
   FileUtils.rm_rf(out)
-  result.merge(rss_kb: memory.sum(&:first) / memory.size.to_f, pss_kb: memory.sum(&:last) / memory.size.to_f)
+  result.merge(cpu_us: cpu_per_request * 1e6, rss_kb: memory.sum(&:first) / memory.size.to_f,
+    pss_kb: memory.sum(&:last) / memory.size.to_f)
 ensure
   cluster&.kill_all unless cluster.nil? || cluster.exited?
 end
@@ -97,11 +113,12 @@ rows = labels.map do |label|
   base = label == BASELINE
   ratio = ->(key) { base ? "" : Bench.ratio(Bench.median(res[label].zip(res[BASELINE]).map { |v, b| v.dig(*key).to_f / b.dig(*key) })) }
   [label, format("%.0f", med.call(label, :requests_per_second)), ratio.call([:requests_per_second]),
+    format("%.0f µs", med.call(label, :cpu_us)), ratio.call([:cpu_us]),
     Bench.ms(med.call(label, [:latency_us, :p50]) / 1e6), ratio.call([:latency_us, :p50]),
     Bench.ms(med.call(label, [:latency_us, :p99]) / 1e6), ratio.call([:latency_us, :p99]),
     Bench.bytes(med.call(label, :rss_kb) * 1024), Bench.bytes(med.call(label, :pss_kb) * 1024)]
 end
-Bench.table(["variant", "req/s", "req/s ratio", "p50", "p50 ratio", "p99", "p99 ratio", "RSS per worker", "PSS per worker"], rows)
+Bench.table(["variant", "req/s", "req/s ratio", "worker CPU/request", "CPU ratio", "p50", "p50 ratio", "p99", "p99 ratio", "RSS per worker", "PSS per worker"], rows)
 
 # Every round's numbers, so the spread behind each median is visible.
 round_rows = ROUNDS.times.flat_map do |round|
@@ -109,11 +126,14 @@ round_rows = ROUNDS.times.flat_map do |round|
     r = res[label][round]
     b = res[BASELINE][round]
     [round + 1, label, format("%.0f", r[:requests_per_second]), Bench.ratio(r[:requests_per_second] / b[:requests_per_second]),
+      format("%.0f µs", r[:cpu_us]), Bench.ratio(r[:cpu_us] / b[:cpu_us]),
       Bench.ms(r[:latency_us][:p50] / 1e6), Bench.ms(r[:latency_us][:p99] / 1e6), Bench.bytes(r[:rss_kb] * 1024)]
   end
 end
-Bench.table(["round", "variant", "req/s", "vs #{BASELINE}", "p50", "p99", "RSS per worker"], round_rows)
+Bench.table(["round", "variant", "req/s", "vs #{BASELINE}", "CPU/request", "vs #{BASELINE}", "p50", "p99", "RSS per worker"], round_rows)
 
-noise = res["no profiler (again)"].zip(res[BASELINE]).map { |a, b| a[:requests_per_second] / b[:requests_per_second] - 1 }
-puts "noise band (no profiler (again) vs #{BASELINE}, per round): #{noise.map { |n| Bench.percent(n) }.join(" ")}; " \
-  "median #{Bench.percent(Bench.median(noise))}"
+[[:requests_per_second, "req/s"], [:cpu_us, "worker CPU per request"]].each do |key, what|
+  noise = res["no profiler (again)"].zip(res[BASELINE]).map { |a, b| a[key] / b[key] - 1 }
+  puts "noise band on #{what} (no profiler (again) vs #{BASELINE}, per round): " \
+    "#{noise.map { |n| Bench.percent(n) }.join(" ")}; median #{Bench.percent(Bench.median(noise))}"
+end
