@@ -18,3 +18,6 @@ environment ENV.fetch("RACK_ENV", "production")
 rackup File.join(__dir__, "config.ru")
 # A worker still busy this long after SIGTERM is killed, and shows up as one without a final profile.
 worker_shutdown_timeout 10
+# After a graceful stop on SIGTERM, exit 0 instead of re-raising the signal (so `datadog-heap
+# run -- puma ...` exits 0 too).
+raise_exception_on_sigterm false
