@@ -9,7 +9,7 @@
 #   GET /orders.json?page=N a JSON list of 20 orders, built per request
 #   GET /dashboard          an ERB page with a table of 20 rows
 #   GET /price/:id          a price from a bounded LRU cache (capacity 256): memory stays flat
-#   GET /report?account=N&… a report memoized by its whole query string: the leak, since every
+#   GET /report?account=N&… a report (50 rows) memoized by its whole query string: the leak, since every
 #                           request carries a distinct query (a request id), so nothing is ever
 #                           evicted
 #
@@ -117,7 +117,7 @@ class ServiceApp < Sinatra::Base
     end
 
     def build_report(account)
-      Array.new(20) { |i| {line: i, account: account, title: "account #{account} line #{i}: #{PRODUCTS[i % 8]} x#{i + 1}, by parcel"} } # leak site
+      Array.new(50) { |i| {line: i, account: account, title: "account #{account}, line #{i}: #{PRODUCTS[i % 8]} x#{i % 7 + 1}, shipped by parcel from the north warehouse, invoiced monthly, net 30"} } # leak site
     end
   end
 
