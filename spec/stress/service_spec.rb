@@ -17,11 +17,12 @@ require_relative "../../examples/service/cluster"
 RSpec.describe "the example puma service under the profiler", :stress do
   SCENARIO_SECONDS = 150
   PROFILE = /heap-(\d+)-(\d+)\.pb\.gz\z/
-  # The LRU holds 256 strings of ~90 bytes (~23 kB); a sample of one stands for 1024 of them,
-  # ~90 kB. With 0.25 samples expected among them at any time, a diff sees it gain one or two
-  # (sampling noise: 2.6% of the time two or more); three (LRU_NOISE) would be 0.2% of the time.
-  # 1 MiB in one profile would be ten samples at once: the LRU keeping far more than its capacity.
-  LRU_NOISE = 3 * 1024 * 128
+  # The LRU holds 256 strings of 88 bytes (~23 kB); a sample of one stands for 1024 of them,
+  # 88 KiB. With 0.25 samples expected among them at any time, a diff sees it gain one sample now
+  # and then, two about 2% of the time, three (LRU_NOISE) 0.2% of the time: sampling noise.
+  # 1 MiB in one profile would be a dozen samples at once: the LRU keeping far more than its
+  # capacity.
+  LRU_NOISE = 3 * 1024 * 88
   LRU_BOUND = 1024 * 1024
   CRASH = /\[BUG\]|Segmentation fault|Terminating timed out worker|Cancelled waiting for workers|Unable to start worker|Detected parent died|datadog_heap\/auto:/
 
