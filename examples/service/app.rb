@@ -105,8 +105,7 @@ class ServiceApp < Sinatra::Base
     end
 
     def render_dashboard(rows)
-      title = "Orders dashboard"
-      DASHBOARD.result(binding)
+      DASHBOARD.result_with_hash(title: "Orders dashboard", rows: rows)
     end
 
     # Each cached value is allocated on one line that goes on after the allocation: Ruby (and so
