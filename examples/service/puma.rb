@@ -1,0 +1,23 @@
+# frozen_string_literal: true
+
+# Puma configuration of the example service: cluster mode, WORKERS (default 2) forked from a
+# master that loaded the app first (preload_app!), THREADS (default 4) threads each, listening on
+# 127.0.0.1:PORT (default 9292) only.
+#
+#   puma -C examples/service/puma.rb
+#
+# With preload_app!, puma has no phased restart: SIGUSR1 restarts the whole cluster (the master
+# re-executes itself and forks new workers), as SIGUSR2 does.
+
+workers Integer(ENV.fetch("WORKERS", "2"), 10)
+threads_count = Integer(ENV.fetch("THREADS", "4"), 10)
+threads threads_count, threads_count
+preload_app!
+bind "tcp://127.0.0.1:#{Integer(ENV.fetch("PORT", "9292"), 10)}"
+environment ENV.fetch("RACK_ENV", "production")
+rackup File.join(__dir__, "config.ru")
+# A worker still busy this long after SIGTERM is killed, and shows up as one without a final profile.
+worker_shutdown_timeout 10
+# After a graceful stop on SIGTERM, exit 0 instead of re-raising the signal (so `datadog-heap
+# run -- puma ...` exits 0 too).
+raise_exception_on_sigterm false
