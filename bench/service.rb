@@ -36,15 +36,15 @@ CONNECTIONS = 8 # workers x threads: every puma thread has a keep-alive connecti
 BASELINE = "no profiler"
 
 # Variant label => a lambda from the run's profile directory to the environment the cluster gets
-# (nil: nothing added). Profiled variants run auto mode; a sampler that auto mode can select from
-# the environment is one more line, e.g. `"windowed sampler" => profiled.call("DATADOG_HEAP_SAMPLER"
-# => "windowed")` once issue 13 gives auto mode such a variable.
+# (nil: nothing added). Profiled variants run auto mode, which picks the sampler from
+# DATADOG_HEAP_SAMPLER.
 profiled = ->(extra = {}) { ->(out) { ServiceCluster.profiler_env(out, interval: PROFILE_INTERVAL).merge(extra) } }
 VARIANTS = {
   BASELINE => nil,
   "no profiler (again)" => nil,
   "empty NEWOBJ hook (VM floor)" => ->(_) { {"RUBYOPT" => "-I#{ServiceCluster::LIB} -r#{File.join(__dir__, "service", "empty_hook.rb")}"} },
-  "countdown sampler, default settings" => profiled.call,
+  "countdown sampler (sample_every 1024)" => profiled.call("DATADOG_HEAP_SAMPLER" => "countdown"),
+  "windowed sampler, default settings" => profiled.call,
 }.freeze
 
 missing = ServiceCluster.missing_tools

@@ -16,7 +16,8 @@ RSpec.describe "require \"datadog_heap/auto\"" do
   # lines other than the Ruby-version warning, exit code]. Every DATADOG_HEAP_* variable not in
   # `env` is unset.
   def auto_run(env, *args, chdir: dir)
-    base = {"DATADOG_HEAP_OUTPUT" => nil, "DATADOG_HEAP_INTERVAL" => nil, "DATADOG_HEAP_SAMPLE_EVERY" => nil}
+    base = {"DATADOG_HEAP_OUTPUT" => nil, "DATADOG_HEAP_INTERVAL" => nil, "DATADOG_HEAP_SAMPLE_EVERY" => nil,
+            "DATADOG_HEAP_SAMPLER" => nil}
     args = [script] if args.empty?
     out, err, status = Open3.capture3(base.merge(env), RbConfig.ruby, "-I", lib, "-rdatadog_heap/auto", *args, chdir: chdir)
     [out, err.lines.reject { |l| l.include?("bug #19529") }.join, status.exitstatus]
@@ -54,7 +55,7 @@ RSpec.describe "require \"datadog_heap/auto\"" do
     expect(out).to match(/^pid \d+ kept/)
     expect(Dir.children(File.dirname(path))).to eq(["heap.pb.gz"])
     profile = DatadogHeap::Profile.load(path)
-    expect(profile.period).to eq(1024)
+    expect(profile.period).to eq(DatadogHeap::Recorder::SAMPLE_EVERY.fetch(DatadogHeap::Recorder::DEFAULTS[:sampler]))
     expect(leak_sites(path)).not_to be_empty
   end
 
@@ -86,14 +87,15 @@ RSpec.describe "require \"datadog_heap/auto\"" do
 
   it "warns once about each invalid variable, naming it and its value, and falls back to the default" do
     _, err, code = auto_run({"DATADOG_HEAP_OUTPUT" => dir, "DATADOG_HEAP_INTERVAL" => "soon",
-      "DATADOG_HEAP_SAMPLE_EVERY" => "0"})
+      "DATADOG_HEAP_SAMPLE_EVERY" => "0", "DATADOG_HEAP_SAMPLER" => "often"})
     expect(code).to eq(0)
     expect(err.lines).to contain_exactly(
       "datadog_heap/auto: ignoring DATADOG_HEAP_INTERVAL=\"soon\": expected a number of seconds > 0; writing a profile at exit only\n",
-      "datadog_heap/auto: ignoring DATADOG_HEAP_SAMPLE_EVERY=\"0\": expected an Integer between 1 and 4294967295; using the default 1024\n"
+      "datadog_heap/auto: ignoring DATADOG_HEAP_SAMPLE_EVERY=\"0\": expected an Integer between 1 and 4294967295; using the sampler's default\n",
+      "datadog_heap/auto: ignoring DATADOG_HEAP_SAMPLER=\"often\": expected countdown or windowed; using the default windowed\n"
     )
     expect(profiles.size).to eq(1) # no interval: the final profile only
-    expect(DatadogHeap::Profile.load(File.join(dir, profiles.first)).period).to eq(1024)
+    expect(DatadogHeap::Profile.load(File.join(dir, profiles.first)).period).to eq(DatadogHeap::Recorder::SAMPLE_EVERY.fetch(:windowed))
 
     {"DATADOG_HEAP_INTERVAL" => ["-1", "0", "NaN", "Infinity"], "DATADOG_HEAP_SAMPLE_EVERY" => ["1.5", "lots", "99999999999"]}
       .each do |name, values|

@@ -17,9 +17,9 @@ RSpec.describe "Recorder lifecycle" do
 
   it "survives started recorders dropped without stop, under lazy sweep" do
     result = in_child(120) do |progress|
-      rounds = scaled(30)
+      rounds = scaled(16)
       rounds.times do |i|
-        r = DatadogHeap::Recorder.new(sample_every: 1)
+        r = i.even? ? DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1) : DatadogHeap::Recorder.new(sampler: :windowed, sample_every: 64)
         r.start
         r = nil # rubocop:disable Lint/UselessAssignment -- the point: nothing refers to it
         GC.start(immediate_sweep: false)
@@ -68,8 +68,14 @@ RSpec.describe "Recorder lifecycle" do
         # A GC at every allocation: one inside Recorder.new, between wrapping the object and making
         # its WeakMap, must find both marked. One recorder in ten is started and dropped running.
         200.times do |i|
-          r = DatadogHeap::Recorder.new(sample_every: 4096)
+          r = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 4096)
           r.start if i % 10 == 0
+          made += 1
+        end
+        # The windowed sampler's timer, started and stopped under stress too.
+        4.times do |i|
+          r = DatadogHeap::Recorder.new(sampler: :windowed)
+          r.start if i.even?
           made += 1
         end
       ensure
@@ -78,13 +84,13 @@ RSpec.describe "Recorder lifecycle" do
       [made, stop_all_recorders]
     end
     made, stopped = result
-    expect(made).to eq(200)
-    expect(stopped).to eq(20)
+    expect(made).to eq(204)
+    expect(stopped).to eq(22)
   end
 
   it "keeps a running recorder alive while nothing else refers to it" do
     result = in_child(60) do
-      DatadogHeap::Recorder.new(sample_every: 1).start
+      DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1).start
       5.times { GC.start }
       recorders = ObjectSpace.each_object(DatadogHeap::Recorder).to_a
       alive = recorders.count(&:running?)

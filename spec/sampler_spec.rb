@@ -4,7 +4,7 @@ RSpec.describe "built-in allocation sampler" do
   Kept = Struct.new(:n)
 
   def sampled_recorder(**opts)
-    DatadogHeap::Recorder.new(sample_every: 1, **opts)
+    DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1, **opts)
   end
 
   after { @rec&.stop }
@@ -180,7 +180,7 @@ RSpec.describe "built-in allocation sampler" do
   end
 
   it "estimates retained counts within 15% with sample_every: 64 (seeded)", :heavy do
-    @rec = DatadogHeap::Recorder.new(sample_every: 64)
+    @rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 64)
     DatadogHeap::Testing._native_set_seed(@rec, 12_345)
     a = []
     b = []
@@ -239,10 +239,10 @@ RSpec.describe "built-in allocation sampler" do
   end
 
   it "DatadogHeap.start / stop / recorder manage one process-wide recorder" do
-    rec = DatadogHeap.start(sample_every: 1)
+    rec = DatadogHeap.start(sampler: :countdown, sample_every: 1)
     expect(DatadogHeap.recorder).to be(rec)
     expect(rec.running?).to be(true)
-    expect { DatadogHeap.start(sample_every: 7) }.to raise_error(ArgumentError, /differ/)
+    expect { DatadogHeap.start(sampler: :countdown, sample_every: 7) }.to raise_error(ArgumentError, /differ/)
     expect(DatadogHeap.stop).to be(rec)
     expect(rec.running?).to be(false)
   end
@@ -254,7 +254,7 @@ RSpec.describe "Ractors" do
     script = <<~RUBY
       Warning[:experimental] = false
       require "datadog_heap"
-      rec = DatadogHeap::Recorder.new(sample_every: 1)
+      rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1)
       rec.start
       keep = Array.new(10) { Object.new }
       n = Ractor.new { Array.new(20_000) { Object.new }.size }.take

@@ -11,6 +11,7 @@
 # - DATADOG_HEAP_INTERVAL: seconds (a number > 0) between two writes, from a background thread.
 #   Default: unset, write only at exit. The thread needs the GVL to write, so next to a thread
 #   that never releases it writes come less often than asked (the program is not slowed down).
+# - DATADOG_HEAP_SAMPLER: countdown or windowed (see Recorder). Default: the Recorder's.
 # - DATADOG_HEAP_SAMPLE_EVERY: the recorder's sample_every (an Integer >= 1). Default: the
 #   Recorder's.
 #
@@ -33,6 +34,7 @@ module DatadogHeap
     ENV_OUTPUT = "DATADOG_HEAP_OUTPUT"
     ENV_INTERVAL = "DATADOG_HEAP_INTERVAL"
     ENV_SAMPLE_EVERY = "DATADOG_HEAP_SAMPLE_EVERY"
+    ENV_SAMPLER = "DATADOG_HEAP_SAMPLER"
     # How long the exit handler waits for a write in progress in the writer thread.
     STOP_TIMEOUT = 10
     # What a failure here can raise. Not Interrupt, SignalException or SystemExit: those belong
@@ -72,7 +74,7 @@ module DatadogHeap
       # What the environment asked for: {output:, interval:, sample_every:}. Warns about each
       # invalid value and uses its default instead.
       def config(env = ENV)
-        {output: output(env), interval: interval(env), sample_every: sample_every(env)}
+        {output: output(env), interval: interval(env), sample_every: sample_every(env), sampler: sampler(env)}
       end
 
       # Starts recording and the writer, and registers the exit handler. Called once, when this
@@ -81,7 +83,7 @@ module DatadogHeap
         config = config(env)
         @output = config[:output]
         @interval = config[:interval]
-        opts = config[:sample_every] ? {sample_every: config[:sample_every]} : {}
+        opts = config.slice(:sample_every, :sampler).compact
         # The writer thread first, so its own allocations are not sampled.
         start_writer
         at_exit { finish }
@@ -142,6 +144,19 @@ module DatadogHeap
         nil
       end
 
+      # :countdown, :windowed or nil (the Recorder's default).
+      def sampler(env)
+        value = env[ENV_SAMPLER]
+        return nil if value.nil? || value.strip.empty?
+
+        found = Recorder::SAMPLERS.find { |s| s.to_s == value.strip }
+        return found if found
+
+        warn "datadog_heap/auto: ignoring #{ENV_SAMPLER}=#{value.inspect}: expected " \
+          "#{Recorder::SAMPLERS.join(" or ")}; using the default #{Recorder::DEFAULTS[:sampler]}"
+        nil
+      end
+
       def sample_every(env)
         value = env[ENV_SAMPLE_EVERY]
         return nil if value.nil? || value.strip.empty?
@@ -150,7 +165,7 @@ module DatadogHeap
         return n if n && n.between?(1, Recorder::U32_MAX)
 
         warn "datadog_heap/auto: ignoring #{ENV_SAMPLE_EVERY}=#{value.inspect}: expected an Integer between 1 " \
-          "and #{Recorder::U32_MAX}; using the default #{Recorder::DEFAULTS[:sample_every]}"
+          "and #{Recorder::U32_MAX}; using the sampler's default"
         nil
       end
 

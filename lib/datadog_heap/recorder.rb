@@ -22,8 +22,11 @@ module DatadogHeap
   #   only with sampler: :windowed. More windows, shorter ones: the same samples, spread finer.
   class Recorder
     SAMPLERS = %i[countdown windowed].freeze
-    DEFAULTS = {sample_every: 1024, sample_rate: 1, size_enabled: true, max_frames: 400,
-                max_tracked_objects: 262_144, sampler: :countdown, windows_per_second: 100}.freeze
+    # sample_every's default depends on the sampler (bench/mixed.rb and bench/allocation.rb: the
+    # windowed sampler pays per sample what the countdown one pays on every allocation).
+    SAMPLE_EVERY = {countdown: 1024, windowed: 4096}.freeze
+    DEFAULTS = {sample_every: nil, sample_rate: 1, size_enabled: true, max_frames: 400,
+                max_tracked_objects: 262_144, sampler: :windowed, windows_per_second: 100}.freeze
     MAX_WINDOWS_PER_SECOND = 100_000
     MAX_FRAMES_LIMIT = 3000
     RECORD_ALLOCATION_KEYWORDS = {weight: true, class_name: true, locations: true}.freeze
@@ -49,12 +52,13 @@ module DatadogHeap
     def self.check_options(options, method = "#{name}.new")
       Validate.known_keys!(method, options, DEFAULTS)
       options = DEFAULTS.merge(options)
+      Validate.one_of!(:sampler, options[:sampler], SAMPLERS)
+      options[:sample_every] = SAMPLE_EVERY.fetch(options[:sampler]) if NilClass === options[:sample_every]
       Validate.integer!(:sample_every, options[:sample_every], 1, U32_MAX)
       Validate.integer!(:sample_rate, options[:sample_rate], 1, U32_MAX)
       Validate.boolean!(:size_enabled, options[:size_enabled])
       Validate.integer!(:max_frames, options[:max_frames], 1, MAX_FRAMES_LIMIT)
       Validate.integer!(:max_tracked_objects, options[:max_tracked_objects], 1, 2**40)
-      Validate.one_of!(:sampler, options[:sampler], SAMPLERS)
       Validate.positive_number!(:windows_per_second, options[:windows_per_second], MAX_WINDOWS_PER_SECOND)
       options
     end

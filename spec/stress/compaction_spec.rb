@@ -66,7 +66,7 @@ RSpec.describe "GC compaction", :stress do
 
   it "samples with the built-in sampler through repeated compactions" do
     result = in_child(90) do |progress|
-      @rec = DatadogHeap::Recorder.new(sample_every: 7)
+      @rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 7)
       DatadogHeap::Testing._native_set_seed(@rec, 7)
       keep = []
       @rec.start
@@ -90,7 +90,7 @@ RSpec.describe "GC compaction", :stress do
   end
   it "moves a running recorder only the runtime refers to, which still commits and profiles" do
     result = in_child(90) do |progress|
-      DatadogHeap::Recorder.new(sample_every: 5).start # referenced by nothing of ours from here on
+      DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 5).start # referenced by nothing of ours from here on
       keep = []
       6.times do |round|
         1_000.times { |i| keep << "c#{i}" }

@@ -20,7 +20,7 @@ RSpec.describe "asynchronous exceptions", :stress do
     GC.start
     live = rec.each_live_object.count
     gz = rec.profile
-    sampler = DatadogHeap::Recorder.new(sample_every: 1)
+    sampler = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1)
     sampler.start
     fresh = Array.new(100) { Object.new }
     sampler.stop
@@ -180,7 +180,7 @@ RSpec.describe "asynchronous exceptions", :stress do
   it "Thread#raise and Thread#kill reach a thread whose allocations run the commit job" do
     result = in_child(120) do
       {default: nil, every: 1}.to_h do |name, every|
-        rec = every ? DatadogHeap::Recorder.new(sample_every: every) : DatadogHeap::Recorder.new
+        rec = every ? DatadogHeap::Recorder.new(sampler: :countdown, sample_every: every) : DatadogHeap::Recorder.new
         rec.start
         outcomes = Hash.new(0)
         rounds = for_seconds(3) do |round|

@@ -44,6 +44,8 @@ struct Runtime {
     gc_end_installed: bool,
     /// The window timer's rate; `None` when it is stopped (no windowed session runs).
     timer_rate: Option<f64>,
+    /// The process is exiting (`shutdown`): the timer is not started again.
+    shut_down: bool,
     /// A Ractor was started: sampling stays off for good in this process.
     ractors_started: bool,
     /// Test switch: a NEWOBJ hook that does nothing, to measure what any hook costs.
@@ -57,6 +59,7 @@ static RUNTIME: GvlCell<Runtime> = GvlCell::new(Runtime {
     newobj_installed: false,
     gc_end_installed: false,
     timer_rate: None,
+    shut_down: false,
     ractors_started: false,
     empty_hook: false,
     pid: 0,
@@ -109,7 +112,10 @@ unsafe extern "C" fn on_vm_exit(_vm: *mut rb_sys::ruby_vm_t) {
 /// Stops the window timer for good (process exit; lib/datadog_heap.rb calls it from its last
 /// `at_exit` handler, and VM teardown calls it again). Sessions keep what they track.
 pub fn shutdown() {
-    with(|r| r.timer_rate = None);
+    with(|r| {
+        r.timer_rate = None;
+        r.shut_down = true;
+    });
     windows::shutdown();
 }
 
@@ -191,7 +197,8 @@ fn sync_hooks() {
                 Mode::Windowed { per_second } => Some(per_second),
                 Mode::Countdown => None,
             })
-            .reduce(f64::max);
+            .reduce(f64::max)
+            .filter(|_| !r.shut_down);
         let timer_change = (r.timer_rate != timer).then(|| {
             r.timer_rate = timer;
             timer

@@ -173,7 +173,9 @@ impl SamplerState {
             false => u64::MAX / 4,
         };
         stats.windows_opened += 1;
-        stats.window_allocations = stats.window_allocations.wrapping_add(length);
+        stats.window_allocations = stats
+            .window_allocations
+            .saturating_add(length.min(gap.max(1)));
         self.window.set(Window {
             open: true,
             left: length,
