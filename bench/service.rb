@@ -43,8 +43,8 @@ VARIANTS = {
   BASELINE => nil,
   "no profiler (again)" => nil,
   "empty NEWOBJ hook (VM floor)" => ->(_) { {"RUBYOPT" => "-I#{ServiceCluster::LIB} -r#{File.join(__dir__, "service", "empty_hook.rb")}"} },
-  "countdown sampler (sample_every 1024)" => profiled.call("DATADOG_HEAP_SAMPLER" => "countdown"),
-  "windowed sampler, default settings" => profiled.call,
+  "countdown sampler, default settings" => profiled.call,
+  "windowed sampler (sample_every 4096)" => profiled.call("DATADOG_HEAP_SAMPLER" => "windowed"),
 }.freeze
 
 missing = ServiceCluster.missing_tools

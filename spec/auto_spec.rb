@@ -92,10 +92,10 @@ RSpec.describe "require \"datadog_heap/auto\"" do
     expect(err.lines).to contain_exactly(
       "datadog_heap/auto: ignoring DATADOG_HEAP_INTERVAL=\"soon\": expected a number of seconds > 0; writing a profile at exit only\n",
       "datadog_heap/auto: ignoring DATADOG_HEAP_SAMPLE_EVERY=\"0\": expected an Integer between 1 and 4294967295; using the sampler's default\n",
-      "datadog_heap/auto: ignoring DATADOG_HEAP_SAMPLER=\"often\": expected countdown or windowed; using the default windowed\n"
+      "datadog_heap/auto: ignoring DATADOG_HEAP_SAMPLER=\"often\": expected countdown or windowed; using the default countdown\n"
     )
     expect(profiles.size).to eq(1) # no interval: the final profile only
-    expect(DatadogHeap::Profile.load(File.join(dir, profiles.first)).period).to eq(DatadogHeap::Recorder::SAMPLE_EVERY.fetch(:windowed))
+    expect(DatadogHeap::Profile.load(File.join(dir, profiles.first)).period).to eq(1024)
 
     {"DATADOG_HEAP_INTERVAL" => ["-1", "0", "NaN", "Infinity"], "DATADOG_HEAP_SAMPLE_EVERY" => ["1.5", "lots", "99999999999"]}
       .each do |name, values|

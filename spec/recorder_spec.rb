@@ -8,10 +8,10 @@ RSpec.describe DatadogHeap::Recorder do
     it "has documented defaults and readers" do
       r = described_class.new
       expect([r.sampler, r.sample_every, r.windows_per_second, r.sample_rate, r.size_enabled, r.max_frames, r.max_tracked_objects])
-        .to eq([:windowed, 4096, 100.0, 1, true, 400, 262_144])
+        .to eq([:countdown, 1024, nil, 1, true, 400, 262_144])
       # sample_every's default follows the sampler.
-      r = described_class.new(sampler: :countdown)
-      expect([r.sampler, r.sample_every, r.windows_per_second]).to eq([:countdown, 1024, nil])
+      r = described_class.new(sampler: :windowed)
+      expect([r.sampler, r.sample_every, r.windows_per_second]).to eq([:windowed, 4096, 100.0])
     end
 
     it "rejects bad values naming the argument and the value" do

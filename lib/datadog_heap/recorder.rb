@@ -26,7 +26,7 @@ module DatadogHeap
     # windowed sampler pays per sample what the countdown one pays on every allocation).
     SAMPLE_EVERY = {countdown: 1024, windowed: 4096}.freeze
     DEFAULTS = {sample_every: nil, sample_rate: 1, size_enabled: true, max_frames: 400,
-                max_tracked_objects: 262_144, sampler: :windowed, windows_per_second: 100}.freeze
+                max_tracked_objects: 262_144, sampler: :countdown, windows_per_second: 100}.freeze
     MAX_WINDOWS_PER_SECOND = 100_000
     MAX_FRAMES_LIMIT = 3000
     RECORD_ALLOCATION_KEYWORDS = {weight: true, class_name: true, locations: true}.freeze
