@@ -272,6 +272,28 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       expect(rows(out, "growth")[0]).to match(%r{\A\s*\+5\s+\+6\.[23]%\s+80\s+85\s+Buffer::Chunk\s+/app/buffer\.rb:8 in Buffer#push\z})
     end
 
+    it "sums the profiles before -- into OLD and the ones after it into NEW" do
+      worker1 = profile_file("w1-old.pb.gz", strings_at(ProfileFixtures::CACHE_SITE, 2, bytes: 1_000))
+      worker2 = profile_file("w2-old.pb.gz", strings_at(ProfileFixtures::CACHE_SITE, 1, bytes: 1_000))
+      worker1_new = profile_file("w1-new.pb.gz", strings_at(ProfileFixtures::CACHE_SITE, 3, bytes: 1_000))
+      worker2_new = profile_file("w2-new.pb.gz", strings_at(ProfileFixtures::CACHE_SITE, 4, bytes: 1_000) +
+        strings_at(ProfileFixtures::JSON_SITE, 2, bytes: 500))
+      out, err, code = cli("diff", worker1, worker2, "--top", "5", "--", worker1_new, worker2_new, "--app-root", "/app")
+      expect([err, code]).to eq(["", 0])
+      expect(out.lines.first).to start_with("2 profiles summed (#{worker1}, #{worker2}) -> " \
+        "2 profiles summed (#{worker1_new}, #{worker2_new}): live bytes ")
+      expect(out).to include("2 of 2 sites grew:")
+      table = rows(out, "growth")
+      expect(table[0]).to match(%r{\A\s*\+[\d.]+ KiB\s+\+13[23]\.\d%\s+[\d.]+ KiB\s+[\d.]+ KiB\s+\+4\s+String\s+/app/leaky_cache\.rb:17 in LeakyCache#remember\z})
+      expect(table[1]).to match(%r{\A\s*\+[\d.]+ KiB\s+new\s+0 B\s+[\d.]+ KiB\s+\+2\s+String\s+/usr/lib/ruby/3\.1\.0/json/common\.rb:216 in JSON::Ext::Parser#parse\s+/app/api\.rb:9 in Api#decode\z})
+
+      out, err, code = cli_in_process("diff", worker1, "--", worker1_new, worker2_new, "--group", "gem")
+      expect([err, code]).to eq(["", 0])
+      expect(out.lines.first).to start_with("#{worker1} -> 2 profiles summed")
+      expect(out).to include("2 of 2 gems grew:")
+      expect(rows(out, "growth").map { |row| row.split(/\s{2,}/).last }).to eq(["(other)", "json (stdlib)"])
+    end
+
     it "exits 1 on an unreadable profile" do
       out, err, code = cli("diff", old_path, File.join(dir, "nope.pb.gz"))
       expect([out, code]).to eq(["", 1])
@@ -308,6 +330,23 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       by_count = DatadogHeap::Profile.load(File.join(dir, profiles.last)).top(1, by: :count).first
       expect(by_count).to have_attributes(class_name: "String", location: "#{script}:#{leak_line}")
       expect(by_count.live_objects).to be_between(kept / 2, kept * 3 / 2)
+    end
+
+    it "sums the last profile of each process when the program forks" do
+      out, err, code = cli("run", "--out", dir, "--sample-every", "64", "--", RbConfig.ruby, script,
+        env: {"LEAK_SECONDS" => "0.3", "FORK_CHILD" => "1"})
+      expect(code).to eq(0), "exit #{code}\n#{out}\n#{err}"
+      parent = Integer(out[/^pid (\d+) kept/, 1])
+      child = Integer(out[/^child (\d+)/, 1])
+      kept = Integer(out[/^pid \d+ kept (\d+)/, 1])
+      expect(Dir.children(dir).sort).to eq(["heap-#{child}-1.pb.gz", "heap-#{parent}-1.pb.gz"].sort)
+      expect(out).to include("; 2 profiles in #{dir}; the last of each of 2 processes, summed:", "2 profiles summed (")
+      # The child inherited the parent's cache and added to it: the sum holds both.
+      sum = DatadogHeap::Profile.merge(Dir.glob(File.join(dir, "*.pb.gz")).map { |f| DatadogHeap::Profile.load(f) })
+      leak = sum.top(1, by: :count).first
+      expect(leak).to have_attributes(location: "#{script}:#{leak_line}", function: "remember")
+      expect(leak.live_objects).to be > kept * 3 / 2
+      expect(out).to match(/^2 profiles summed \(.*\): [\d.]+ MiB in #{sum.total_objects} live objects/)
     end
 
     it "exits with the program's status, and 1 when it cannot start the command" do

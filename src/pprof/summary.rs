@@ -379,7 +379,7 @@ const APP: &str = "app";
 /// - the gem's name for a file in an installed gem (`.../gems/NAME-VERSION/...`, bundler's
 ///   `.../bundler/gems/NAME-REVISION/...`), wherever it is, the app root included;
 /// - `NAME (stdlib)` for a file of Ruby's own library (`.../lib/ruby/3.1.0/NAME/...` or
-///   `NAME.rb`), `NAME (site_ruby)` and `NAME (vendor_ruby)` likewise (Debian puts packaged
+///   `NAME.rb`, `.../ruby/3.1.0/NAME.so`), `NAME (site_ruby)` and `NAME (vendor_ruby)` likewise (Debian puts packaged
 ///   libraries in vendor_ruby);
 /// - `ruby (internal)` for `<internal:...>` files, `(eval)` for evaluated code, `(unknown)` for
 ///   a frame without a file, and `(other)` for any other file.
@@ -402,7 +402,18 @@ pub fn library_of(filename: &str, app_root: &AppRoot) -> String {
     if let Some(gem) = gem_of(filename) {
         return gem;
     }
-    if let Some((_, rest)) = filename.rsplit_once("/lib/ruby/") {
+    // `.../lib/ruby/...`, or Debian's `/usr/lib/<arch>/ruby/3.1.0/` for C extensions.
+    let ruby_lib = filename
+        .rsplit_once("/lib/ruby/")
+        .map(|(_, rest)| rest)
+        .or_else(|| {
+            let (_, rest) = filename.rsplit_once("/ruby/")?;
+            rest.split('/')
+                .next()
+                .filter(|v| is_version(v))
+                .map(|_| rest)
+        });
+    if let Some(rest) = ruby_lib {
         let mut parts = rest.split('/');
         let (kind, mut name) = match parts.next() {
             Some(dir @ ("site_ruby" | "vendor_ruby")) => (dir, parts.next()),
@@ -506,7 +517,8 @@ impl Attribution {
 
     fn label(&self, group: GroupBy, class: Option<&str>) -> String {
         let in_function = || {
-            if self.function.is_empty() {
+            // A C extension's init frame is named by its file.
+            if self.function.is_empty() || self.function == self.file {
                 self.location.clone()
             } else {
                 format!("{} in {}", self.location, self.function)

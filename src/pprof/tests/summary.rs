@@ -223,6 +223,11 @@ fn site_is_the_innermost_frame_and_called_from_the_nearest_app_frame() {
     assert_eq!(site.library, "ruby (internal)");
     let p = profile(vec![sample(&[], None, 1, 1, 1)]);
     assert_eq!(top_sites(&p, 1, SortBy::Size)[0].location, "(no frames)");
+
+    // A C extension's init frame is named by its file, and has no line.
+    let so = "/usr/lib/x86_64-linux-gnu/ruby/3.1.0/date_core.so";
+    let p = profile(vec![sample(&[frame(so, so, 0)], Some("Class"), 1, 1, 1)]);
+    assert_eq!(top_sites(&p, 1, SortBy::Size)[0].label, so);
 }
 
 #[test]
@@ -276,6 +281,15 @@ fn app_frames_and_libraries() {
             "/usr/lib/ruby/vendor_ruby/rubygems/request_set.rb",
             "rubygems (vendor_ruby)",
         ),
+        (
+            "/usr/lib/x86_64-linux-gnu/ruby/3.1.0/date_core.so",
+            "date_core (stdlib)",
+        ),
+        (
+            "/usr/lib/x86_64-linux-gnu/ruby/3.1.0/json/ext/parser.so",
+            "json (stdlib)",
+        ),
+        ("/home/u/ruby/notes.rb", "(other)"),
         (
             "/usr/local/lib/ruby/site_ruby/3.3.0/mine.rb",
             "mine (site_ruby)",
