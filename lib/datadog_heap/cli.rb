@@ -117,13 +117,9 @@ module DatadogHeap
       parser.on("-h", "--help", "this help") { options[:help] = true }
     end
 
-    GROUPS = {
-      "site" => "site", "location" => "location", "file" => "file", "gem" => "gem", "class" => "class",
-    }.freeze
-
     # --group, --by-site and --app-root: what a row stands for and what is application code.
     def grouping_options(parser, options)
-      parser.on("--group KIND", GROUPS.keys,
+      parser.on("--group KIND", Profile::GROUPS.map(&:to_s),
         "what a row sums: site (the default), location (file:line), file, gem or class") do |kind|
         options[:group] = kind.to_sym
       end
@@ -200,7 +196,7 @@ module DatadogHeap
       sites = profile.top(2**62 - 1, by: by, **group)
       by = :count unless profile.sizes?
       kind = group[:group]
-      noun = kind == :site ? "site" : GROUP_NOUNS.fetch(kind)
+      noun = kind.to_s
       @out.puts(profile_summary(profile, sites.size, noun))
       if sites.empty?
         @out.puts("No live objects in #{profile.count > 1 ? "these profiles" : "this profile"}.")
@@ -226,8 +222,6 @@ module DatadogHeap
       headers << "called from" if callers
       @out.puts(table(headers, rows, "rrr#{"l" if kind == :site}rll"))
     end
-
-    GROUP_NOUNS = {location: "location", file: "file", gem: "gem", class: "class"}.freeze
 
     def plural_noun(noun)
       noun == "class" ? "classes" : "#{noun}s"
@@ -300,7 +294,7 @@ module DatadogHeap
       top = options.fetch(:top, DEFAULT_TOP)
       group = grouping(options)
       kind = group[:group]
-      noun = kind == :site ? "site" : GROUP_NOUNS.fetch(kind)
+      noun = kind.to_s
       sizes = old.sizes? && new.sizes?
       diffs = old.diff(new, **group)
       measure = sizes ? :bytes_change : :objects_change
