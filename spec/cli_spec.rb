@@ -65,7 +65,8 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
         expect(out).to include("--top N")
         expect(cli_in_process("help", command)).to eq([out, "", 0])
       end
-      expect(cli("report", "--help")[0]).to include("--by KEY")
+      expect(cli("report", "--help")[0]).to include("--by KEY", "--group KIND", "--by-site", "--app-root DIR", "FILE...")
+      expect(cli("diff", "--help")[0]).to include("OLD... -- NEW...", "--group KIND", "--app-root DIR")
       expect(cli("run", "--help")[0]).to include("--out DIR", "--interval S", "--sample-every N", "-- CMD...")
       expect(cli_in_process("--version")).to eq(["datadog-heap #{DatadogHeap::VERSION}\n", "", 0])
     end
@@ -77,13 +78,20 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
         [] => /Usage: datadog-heap COMMAND/,
         ["frobnicate"] => /unknown command "frobnicate"/,
         ["help", "frobnicate"] => /unknown command "frobnicate"/,
-        ["report"] => /report needs one profile FILE, got 0 arguments/,
-        ["report", "a", "b"] => /report needs one profile FILE, got 2 arguments/,
+        ["report"] => /report needs at least one profile FILE, got 0 arguments/,
+        ["report", "--top", "3"] => /report needs at least one profile FILE, got 0 arguments/,
         ["report", "a", "--top", "0"] => /--top must be at least 1, got 0/,
         ["report", "a", "--top", "many"] => /invalid argument: --top many/,
         ["report", "a", "--by", "bytes"] => /invalid argument: --by bytes/,
         ["report", "a", "--frob"] => /invalid option: --frob/,
-        ["diff", "a"] => /diff needs two profiles, OLD and NEW, got 1 arguments/,
+        ["report", "a", "--group", "method"] => /invalid argument: --group method/,
+        ["report", "a", "--app-root", ""] => /--app-root must not be empty/,
+        ["diff", "a"] => /diff needs two profiles, OLD and NEW, got 1 arguments \(to sum several on each side: diff OLD... -- NEW...\)/,
+        ["diff", "a", "b", "c"] => /diff needs two profiles, OLD and NEW, got 3 arguments/,
+        ["diff", "a", "b", "--"] => /diff needs at least one NEW profile after --/,
+        ["diff", "--", "b"] => /diff needs at least one OLD profile before --/,
+        ["diff", "a", "--", "b", "--group", "gems"] => /invalid argument: --group gems/,
+        ["run", "--group", "x", "--", "ruby"] => /invalid argument: --group x/,
         ["run"] => /run needs a command to run after --/,
         ["run", "--interval", "0", "--", "ruby"] => /--interval must be a number of seconds > 0, got 0.0/,
         ["run", "--sample-every", "0", "--", "ruby"] => /--sample-every must be between 1 and/,
@@ -94,24 +102,32 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       end
       out, err, code = cli("report")
       expect([out, code]).to eq(["", 2])
-      expect(err).to eq("datadog-heap: report needs one profile FILE, got 0 arguments\n" \
+      expect(err).to eq("datadog-heap: report needs at least one profile FILE, got 0 arguments\n" \
         "Run `datadog-heap report --help` for usage.\n")
     end
   end
 
   describe "report" do
-    it "tables the top sites: live bytes, objects, share, class, median age, innermost app frame" do
+    it "tables the top sites: live bytes, objects, share, class, median age, site, called from" do
       path = profile_file("heap.pb.gz", mixed_objects)
-      out, err, code = cli("report", path)
+      out, err, code = cli("report", path, "--app-root", "/app/")
       expect([err, code]).to eq(["", 0])
       expect(out.lines.first).to match(%r{\A#{Regexp.escape(path)}: [\d.]+ KiB in 87 live objects at 3 sites, sampled 1 in 1024 allocations$})
       expect(out).to include("Top 3 of 3 sites by live bytes:")
+      expect(out).to match(/^live bytes  live objects  share  class +median age  site +called from$/)
       table = rows(out, "live bytes")
       expect(table.size).to eq(3)
-      expect(table[0]).to match(%r{\A\s*39\.\d KiB\s+4\s+\d\d\.\d%\s+String\s+\d+\s+/app/leaky_cache\.rb:17\z})
-      # The json site's innermost frame is in the standard library: the app frame that called it is shown.
-      expect(table[1]).to match(%r{\A\s*[\d.]+ KiB\s+3\s+\d+\.\d%\s+String\s+\d+\s+/app/api\.rb:9\z})
-      expect(table[2]).to match(%r{\A\s*3\.1 KiB\s+80\s+\d+\.\d%\s+Buffer::Chunk\s+\d+\s+/app/buffer\.rb:8\z})
+      expect(table[0]).to match(%r{\A\s*39\.\d KiB\s+4\s+\d\d\.\d%\s+String\s+\d+\s+/app/leaky_cache\.rb:17 in LeakyCache#remember\z})
+      # The json site is in the standard library: the app frame that called it is the second column.
+      expect(table[1]).to match(%r{\A\s*[\d.]+ KiB\s+3\s+\d+\.\d%\s+String\s+\d+\s+/usr/lib/ruby/3\.1\.0/json/common\.rb:216 in JSON::Ext::Parser#parse\s+/app/api\.rb:9 in Api#decode\z})
+      expect(table[2]).to match(%r{\A\s*3\.1 KiB\s+80\s+\d+\.\d%\s+Buffer::Chunk\s+\d+\s+/app/buffer\.rb:8 in Buffer#push\z})
+
+      # The default app root is the current directory, which holds none of these files: no
+      # called-from column at all.
+      out, err, code = cli_in_process("report", path)
+      expect([err, code]).to eq(["", 0])
+      expect(out).not_to include("called from")
+      expect(rows(out, "live bytes")[1]).to match(%r{String\s+\d+  /usr/lib/ruby/3\.1\.0/json/common\.rb:216 in JSON::Ext::Parser#parse\z})
     end
 
     it "ranks by live objects with --by count, and shows --top N rows" do
@@ -121,7 +137,66 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       expect(out).to include("Top 1 of 3 sites by live objects:")
       table = rows(out, "live bytes")
       expect(table.size).to eq(1)
-      expect(table[0]).to match(%r{\A\s*3\.1 KiB\s+80\s+92\.0%\s+Buffer::Chunk\s+\d+\s+/app/buffer\.rb:8\z})
+      expect(table[0]).to match(%r{\A\s*3\.1 KiB\s+80\s+92\.0%\s+Buffer::Chunk\s+\d+\s+/app/buffer\.rb:8 in Buffer#push\z})
+    end
+
+    it "groups by location, file, gem or class with --group, and back by site with --by-site" do
+      path = profile_file("heap.pb.gz", mixed_objects +
+        strings_at([["LeakyCache#remember", "/app/leaky_cache.rb", 18], ["<main>", "/app/main.rb", 3]], 1, bytes: 7_000) +
+        strings_at([["Rack::Utils#escape", "/srv/vendor/bundle/ruby/3.1.0/gems/rack-3.0.8/lib/rack/utils.rb", 40],
+          ["Api#call", "/app/api.rb", 20]], 2, bytes: 100))
+      group = lambda do |*args|
+        out, err, code = cli_in_process("report", path, "--app-root", "/app", *args)
+        expect([err, code]).to eq(["", 0])
+        [out, rows(out, "live bytes").map { |row| row.strip.split(/\s{2,}/).drop(1) }]
+      end
+
+      out, table = group.call("--group", "file")
+      expect(out).to include("at 4 files", "Top 4 of 4 files by live bytes:")
+      expect(out).to match(/^live bytes  live objects  share  median age  file$/)
+      expect(table.map(&:last)).to eq(["/app/leaky_cache.rb", "/usr/lib/ruby/3.1.0/json/common.rb", "/app/buffer.rb",
+        "/srv/vendor/bundle/ruby/3.1.0/gems/rack-3.0.8/lib/rack/utils.rb"])
+      expect(table.map(&:first)).to eq(%w[5 3 80 2]) # live objects
+
+      _, table = group.call("--group", "location", "--top", "2")
+      expect(table.map(&:last)).to eq(["/app/leaky_cache.rb:17 in LeakyCache#remember", "/app/leaky_cache.rb:18 in LeakyCache#remember"])
+
+      out, table = group.call("--group", "gem")
+      expect(out).to include("at 3 gems")
+      expect(table.map(&:last)).to eq(["app", "json (stdlib)", "rack"])
+      expect(table.map { |row| row[0] }).to eq(%w[85 3 2]) # live objects
+
+      out, table = group.call("--group", "class", "--by", "count")
+      expect(out).to include("Top 2 of 2 classes by live objects:")
+      expect(table.map(&:last)).to eq(["Buffer::Chunk", "String"])
+      expect(table.map { |row| row[0] }).to eq(%w[80 10])
+
+      out, table = group.call("--group", "gem", "--by-site")
+      expect(out).to include("at 5 sites")
+      expect(table.first[2]).to eq("String")
+    end
+
+    it "sums several profiles, saying how many" do
+      one = profile_file("one.pb.gz", mixed_objects)
+      two = profile_file("two.pb.gz", strings_at(ProfileFixtures::CACHE_SITE, 2, bytes: 10_000))
+      three = profile_file("three.pb.gz", objects_at(ProfileFixtures::BUFFER_SITE, 3, class_name: "Buffer::Chunk"))
+      out, err, code = cli("report", one, two, three)
+      expect([err, code]).to eq(["", 0])
+      expect(out.lines.first).to match(/\A3 profiles summed \(#{Regexp.escape(one)}, #{Regexp.escape(two)}, #{Regexp.escape(three)}\): [\d.]+ KiB in 92 live objects at 3 sites, sampled 1 in 1024 allocations$/)
+      table = rows(out, "live bytes")
+      expect(table[0]).to match(%r{\A\s*58\.\d KiB\s+6\s.*String\s+\d+\s+/app/leaky_cache\.rb:17 in LeakyCache#remember\z})
+      expect(table[2]).to match(%r{\A\s*[\d.]+ KiB\s+83\s.*Buffer::Chunk})
+
+      four = profile_file("four.pb.gz", strings_at(ProfileFixtures::CACHE_SITE, 1))
+      out, = cli_in_process("report", one, two, three, four)
+      expect(out.lines.first).to start_with("4 profiles summed (#{one}, #{two}, ... 2 more): ")
+
+      # A profile without sizes makes the sum one without sizes.
+      sizeless = profile_file("sizeless.pb.gz", strings_at(ProfileFixtures::CACHE_SITE, 1), size_enabled: false)
+      out, err, code = cli_in_process("report", one, sizeless)
+      expect([err, code]).to eq(["", 0])
+      expect(out).to include("2 profiles summed", ": 88 live objects at 3 sites",
+        "(these profiles have no sizes: sites are ranked by live objects)")
     end
 
     it "says when a profile has no sizes, and ranks by objects" do
@@ -130,7 +205,7 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       expect([err, code]).to eq(["", 0])
       expect(out).to include("87 live objects at 3 sites", "(this profile has no sizes: sites are ranked by live objects)",
         "sites by live objects:")
-      expect(rows(out, "live bytes")[0]).to match(%r{\A\s*-\s+80\s+92\.0%\s+Buffer::Chunk\s+\d+\s+/app/buffer\.rb:8\z})
+      expect(rows(out, "live bytes")[0]).to match(%r{\A\s*-\s+80\s+92\.0%\s+Buffer::Chunk\s+\d+\s+/app/buffer\.rb:8 in Buffer#push\z})
     end
 
     it "says when a profile holds nothing" do
@@ -172,8 +247,8 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       expect(out).to include("2 of 4 sites grew:")
       table = rows(out, "growth")
       expect(table.size).to eq(2) # the json site did not change, the buffer site vanished
-      expect(table[0]).to match(%r{\A\+117\.\d KiB\s+\+300\.0%\s+39\.\d KiB\s+156\.\d KiB\s+\+12\s+String\s+/app/leaky_cache\.rb:17\z})
-      expect(table[1]).to match(%r{\A\s*\+2\.\d KiB\s+new\s+0 B\s+2\.\d KiB\s+\+2\s+String\s+/app/fresh\.rb:1\z})
+      expect(table[0]).to match(%r{\A\+117\.\d KiB\s+\+300\.0%\s+39\.\d KiB\s+156\.\d KiB\s+\+12\s+String\s+/app/leaky_cache\.rb:17 in LeakyCache#remember\z})
+      expect(table[1]).to match(%r{\A\s*\+2\.\d KiB\s+new\s+0 B\s+2\.\d KiB\s+\+2\s+String\s+/app/fresh\.rb:1 in Fresh#site\z})
 
       out, err, code = cli_in_process("diff", old_path, new_path, "--top", "1")
       expect([err, code]).to eq(["", 0])
@@ -194,7 +269,29 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       expect([err, code]).to eq(["", 0])
       expect(out).to include("live objects 87 -> 92 (+5)", "(a profile has no sizes: sites are compared by live objects)",
         "1 of 3 sites grew:")
-      expect(rows(out, "growth")[0]).to match(%r{\A\s*\+5\s+\+6\.[23]%\s+80\s+85\s+Buffer::Chunk\s+/app/buffer\.rb:8\z})
+      expect(rows(out, "growth")[0]).to match(%r{\A\s*\+5\s+\+6\.[23]%\s+80\s+85\s+Buffer::Chunk\s+/app/buffer\.rb:8 in Buffer#push\z})
+    end
+
+    it "sums the profiles before -- into OLD and the ones after it into NEW" do
+      worker1 = profile_file("w1-old.pb.gz", strings_at(ProfileFixtures::CACHE_SITE, 2, bytes: 1_000))
+      worker2 = profile_file("w2-old.pb.gz", strings_at(ProfileFixtures::CACHE_SITE, 1, bytes: 1_000))
+      worker1_new = profile_file("w1-new.pb.gz", strings_at(ProfileFixtures::CACHE_SITE, 3, bytes: 1_000))
+      worker2_new = profile_file("w2-new.pb.gz", strings_at(ProfileFixtures::CACHE_SITE, 4, bytes: 1_000) +
+        strings_at(ProfileFixtures::JSON_SITE, 2, bytes: 500))
+      out, err, code = cli("diff", worker1, worker2, "--top", "5", "--", worker1_new, worker2_new, "--app-root", "/app")
+      expect([err, code]).to eq(["", 0])
+      expect(out.lines.first).to start_with("2 profiles summed (#{worker1}, #{worker2}) -> " \
+        "2 profiles summed (#{worker1_new}, #{worker2_new}): live bytes ")
+      expect(out).to include("2 of 2 sites grew:")
+      table = rows(out, "growth")
+      expect(table[0]).to match(%r{\A\s*\+[\d.]+ KiB\s+\+13[23]\.\d%\s+[\d.]+ KiB\s+[\d.]+ KiB\s+\+4\s+String\s+/app/leaky_cache\.rb:17 in LeakyCache#remember\z})
+      expect(table[1]).to match(%r{\A\s*\+[\d.]+ KiB\s+new\s+0 B\s+[\d.]+ KiB\s+\+2\s+String\s+/usr/lib/ruby/3\.1\.0/json/common\.rb:216 in JSON::Ext::Parser#parse\s+/app/api\.rb:9 in Api#decode\z})
+
+      out, err, code = cli_in_process("diff", worker1, "--", worker1_new, worker2_new, "--group", "gem")
+      expect([err, code]).to eq(["", 0])
+      expect(out.lines.first).to start_with("#{worker1} -> 2 profiles summed")
+      expect(out).to include("2 of 2 gems grew:")
+      expect(rows(out, "growth").map { |row| row.split(/\s{2,}/).last }).to eq(["(other)", "json (stdlib)"])
     end
 
     it "exits 1 on an unreadable profile" do
@@ -221,8 +318,9 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       # The leak is on top by live bytes, save for one thing: the cache's Array, allocated once, is
       # sampled about 1 run in 64, and then stands for 64 Arrays as big as itself (8 bytes per kept
       # string, 64 times over: more than the strings). Only that one sampled Array may come first.
-      leak_row = /\A\s*[\d.]+ [KM]iB\s+\d+\s+\d+\.\d%\s+String\s+\d+\s+#{Regexp.escape(script)}:#{leak_line}\z/
-      cache_row = /\A\s*[\d.]+ [KM]iB\s+64\s+\d+\.\d%\s+Array\s+\d+\s+#{Regexp.escape(script)}:#{cache_line}\z/
+      # The script is under the current directory, the default app root: no called-from.
+      leak_row = /\A\s*[\d.]+ [KM]iB\s+\d+\s+\d+\.\d%\s+String\s+\d+\s+#{Regexp.escape(script)}:#{leak_line} in remember via \*\z/
+      cache_row = /\A\s*[\d.]+ [KM]iB\s+64\s+\d+\.\d%\s+Array\s+\d+\s+#{Regexp.escape(script)}:#{cache_line} in initialize\z/
       leak_at = table.index { |row| row.match?(leak_row) }
       expect(leak_at).not_to be_nil, "the leak #{script}:#{leak_line} is not among the top sites:\n#{out}"
       expect(table.first(leak_at)).to all(match(cache_row)), "only the cache's Array may outrank the leak:\n#{out}"
@@ -232,6 +330,23 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       by_count = DatadogHeap::Profile.load(File.join(dir, profiles.last)).top(1, by: :count).first
       expect(by_count).to have_attributes(class_name: "String", location: "#{script}:#{leak_line}")
       expect(by_count.live_objects).to be_between(kept / 2, kept * 3 / 2)
+    end
+
+    it "sums the last profile of each process when the program forks" do
+      out, err, code = cli("run", "--out", dir, "--sample-every", "64", "--", RbConfig.ruby, script,
+        env: {"LEAK_SECONDS" => "0.3", "FORK_CHILD" => "1"})
+      expect(code).to eq(0), "exit #{code}\n#{out}\n#{err}"
+      parent = Integer(out[/^pid (\d+) kept/, 1])
+      child = Integer(out[/^child (\d+)/, 1])
+      kept = Integer(out[/^pid \d+ kept (\d+)/, 1])
+      expect(Dir.children(dir).sort).to eq(["heap-#{child}-1.pb.gz", "heap-#{parent}-1.pb.gz"].sort)
+      expect(out).to include("; 2 profiles in #{dir}; the last of each of 2 processes, summed:", "2 profiles summed (")
+      # The child inherited the parent's cache and added to it: the sum holds both.
+      sum = DatadogHeap::Profile.merge(Dir.glob(File.join(dir, "*.pb.gz")).map { |f| DatadogHeap::Profile.load(f) })
+      leak = sum.top(1, by: :count).first
+      expect(leak).to have_attributes(location: "#{script}:#{leak_line}", function: "remember")
+      expect(leak.live_objects).to be > kept * 3 / 2
+      expect(out).to match(/^2 profiles summed \(.*\): [\d.]+ MiB in #{sum.total_objects} live objects/)
     end
 
     it "exits with the program's status, and 1 when it cannot start the command" do

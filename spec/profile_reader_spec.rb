@@ -84,10 +84,15 @@ RSpec.describe DatadogHeap::Profile do
 
   it "ranks sites by live bytes or by live objects, with shares, classes, ages and the app frame" do
     profile = described_class.parse(@rec.profile)
-    by_size = profile.top(10)
-    expect(by_size.map(&:location)).to eq(["/app/leaky_cache.rb:17", "/app/api.rb:9", "/app/buffer.rb:8"])
-    cache = by_size.first
-    expect(cache).to have_attributes(class_name: "String", live_objects: 4, locations: ProfileFixtures::CACHE_SITE)
+    by_size = profile.top(10, app_root: "/app")
+    expect(by_size.map(&:location)).to eq(["/app/leaky_cache.rb:17", "/usr/lib/ruby/3.1.0/json/common.rb:216", "/app/buffer.rb:8"])
+    cache, json, = by_size
+    expect(cache).to have_attributes(class_name: "String", live_objects: 4, locations: ProfileFixtures::CACHE_SITE,
+      label: "/app/leaky_cache.rb:17 in LeakyCache#remember", function: "LeakyCache#remember", callee: nil,
+      called_from: nil, library: "app", stacks: 1)
+    expect(json).to have_attributes(function: "JSON::Ext::Parser#parse", called_from: "/app/api.rb:9 in Api#decode",
+      library: "json (stdlib)", locations: ProfileFixtures::JSON_SITE)
+    expect(profile.top(10).map(&:called_from)).to all(be_nil) # the default app root, the current directory, has none of them
     expect(cache.median_gen_age).to be >= 1 # 1 GC since the recording, more under GC_STRESS=1
     expect(cache.live_bytes).to be >= 40_000
     expect(by_size.sum(&:share)).to be_within(1e-9).of(1.0)
@@ -117,7 +122,10 @@ RSpec.describe DatadogHeap::Profile do
       objects_at([["Fresh#site", "/app/fresh.rb", 1]], 5)
     new = described_class.parse(recorder_with(grown).profile)
     diffs = old.diff(new)
-    expect(diffs.map(&:location)).to eq(["/app/leaky_cache.rb:17", "/app/fresh.rb:1", "/app/api.rb:9", "/app/buffer.rb:8"])
+    expect(diffs.map(&:location)).to eq(["/app/leaky_cache.rb:17", "/app/fresh.rb:1", "/usr/lib/ruby/3.1.0/json/common.rb:216", "/app/buffer.rb:8"])
+    expect(diffs.map(&:called_from)).to eq([nil, nil, nil, nil])
+    expect(old.diff(new, app_root: ["/nowhere", "/app"])[2]).to have_attributes(called_from: "/app/api.rb:9 in Api#decode",
+      label: "/usr/lib/ruby/3.1.0/json/common.rb:216 in JSON::Ext::Parser#parse", library: "json (stdlib)")
     cache, fresh, json, buffer = diffs
     expect(cache).to have_attributes(old_objects: 4, new_objects: 8, objects_change: 4, objects_relative: 1.0)
     expect(cache.bytes_change).to eq(cache.new_bytes - cache.old_bytes)
@@ -128,6 +136,62 @@ RSpec.describe DatadogHeap::Profile do
     expect(buffer.bytes_change).to be < 0
     expect(old.diff(old).map(&:bytes_change)).to all(eq(0))
     expect(grown.size).to be > 0
+  end
+
+  it "groups sites by location, file, gem or class" do
+    profile = described_class.parse(@rec.profile)
+    by_gem = profile.top(10, group: :gem, app_root: Pathname("/app"))
+    expect(by_gem.map { |s| [s.label, s.live_objects, s.class_name] }).to eq([["app", 84, nil], ["json (stdlib)", 3, nil]])
+    expect(by_gem.first).to have_attributes(stacks: 2, locations: ProfileFixtures::CACHE_SITE) # the heaviest stack
+    expect(profile.top(1, group: :class, by: :count).first).to have_attributes(label: "Buffer::Chunk", class_name: "Buffer::Chunk")
+    expect(profile.top(10, group: :file).map(&:label)).to eq(["/app/leaky_cache.rb", "/usr/lib/ruby/3.1.0/json/common.rb", "/app/buffer.rb"])
+    expect(profile.top(1, group: :location).first.label).to eq("/app/leaky_cache.rb:17 in LeakyCache#remember")
+    expect(profile.top(10, app_root: nil).map(&:library)).to eq(["(other)", "json (stdlib)", "(other)"])
+  end
+
+  it "uses Rails.root as the default app root when Rails has one, else the current directory" do
+    expect(described_class.default_app_root).to eq(Dir.pwd)
+    rails = Module.new { def self.root = Pathname("/app") }
+    stub_const("Rails", rails)
+    expect(described_class.default_app_root).to eq("/app")
+    profile = described_class.parse(@rec.profile)
+    expect(profile.top(10).map(&:called_from).compact).to eq(["/app/api.rb:9 in Api#decode"])
+  end
+
+  it "sums profiles with merge: samples, totals, paths and count; sizes only when every one has them" do
+    Dir.mktmpdir do |dir|
+      a = described_class.load(write_fixture(@rec, dir, "a.pb.gz"))
+      keep = strings_at(ProfileFixtures::CACHE_SITE, 2, bytes: 10_000)
+      b = described_class.load(write_fixture(recorder_with(keep), dir, "b.pb.gz"))
+      sum = described_class.merge([a, b])
+      expect(sum).to have_attributes(path: nil, paths: [a.path, b.path], count: 2, period: 1024, total_objects: 89,
+        total_bytes: a.total_bytes + b.total_bytes, sample_types: a.sample_types)
+      expect(sum.samples.size).to eq(a.samples.size + b.samples.size)
+      expect(sum.inspect).to include("(sum of 2)")
+      expect(sum.top(1).first).to have_attributes(location: "/app/leaky_cache.rb:17", live_objects: 6, stacks: 1)
+      expect(a.diff(sum).first).to have_attributes(location: "/app/leaky_cache.rb:17", objects_change: 2)
+      nested = described_class.merge([sum, a])
+      expect([nested.count, nested.paths, nested.total_objects]).to eq([3, [a.path, b.path, a.path], 176])
+      one = described_class.merge([a])
+      expect([one.path, one.count, one.samples]).to eq([a.path, 1, a.samples])
+
+      sizeless = described_class.parse(recorder_with(keep, size_enabled: false).profile)
+      mixed = described_class.merge([a, sizeless])
+      expect(mixed).to have_attributes(sizes?: false, total_bytes: nil, total_objects: 89, paths: [a.path], count: 2,
+        sample_types: [%w[heap-live-samples count]])
+      expect(keep.size).to eq(2)
+    end
+  end
+
+  it "names the profile that cannot be summed with the others" do
+    # A profile with one sample type, inuse_space/bytes, and nothing else.
+    strings = ["", "inuse_space", "bytes"].map { |t| [0x32, t.bytesize].pack("CC") + t }.join
+    go = described_class.parse([0x0a, 4, 0x08, 1, 0x10, 2].pack("C*") + strings, path: "go.pb")
+    expect(go.sample_types).to eq([%w[inuse_space bytes]])
+    ours = described_class.parse(@rec.profile)
+    expect { described_class.merge([ours, go]) }.to raise_error(DatadogHeap::Error,
+      "cannot sum 2 profiles: pprof: go.pb (profile 2 of 2) has no sample type in common with the ones before it " \
+      "(it has inuse_space/bytes; the first has heap-live-samples/count, heap-live-size/bytes)")
   end
 
   describe "errors" do
@@ -169,7 +233,20 @@ RSpec.describe DatadogHeap::Profile do
       expect { profile.top("3") }.to raise_error(TypeError, /n must be an Integer/)
       expect { profile.top(3, by: :bytes) }.to raise_error(ArgumentError, "by must be one of :size, :count, got :bytes (Symbol)")
       expect { profile.top(3, by: "size") }.to raise_error(ArgumentError, /by must be one of :size, :count, got "size" \(String\)/)
-      expect { profile.top(3, sort: :size) }.to raise_error(ArgumentError, "DatadogHeap::Profile#top: unknown keyword :sort; known: :by")
+      expect { profile.top(3, sort: :size) }
+        .to raise_error(ArgumentError, "DatadogHeap::Profile#top: unknown keyword :sort; known: :by, :group, :app_root")
+      expect { profile.top(3, group: :method) }
+        .to raise_error(ArgumentError, "group must be one of :site, :location, :file, :gem, :class, got :method (Symbol)")
+      expect { profile.top(3, group: "gem") }.to raise_error(ArgumentError, /group must be one of .*got "gem" \(String\)/)
+      expect { profile.top(3, app_root: 1) }.to raise_error(TypeError, /\Aapp_root must be a String or Pathname .*got 1 \(Integer\)/)
+      expect { profile.top(3, app_root: ["/app", ""]) }.to raise_error(ArgumentError, "app_root[1] must not be empty")
+      expect { profile.diff(profile, by: :size) }
+        .to raise_error(ArgumentError, "DatadogHeap::Profile#diff: unknown keyword :by; known: :group, :app_root")
+      expect { profile.diff(profile, group: :gems) }.to raise_error(ArgumentError, /group must be one of/)
+      expect { described_class.merge(profile) }.to raise_error(TypeError, /\Aprofiles must be an Array of DatadogHeap::Profile, got #<DatadogHeap::Profile>/)
+      expect { described_class.merge([]) }.to raise_error(ArgumentError, "profiles must not be empty")
+      expect { described_class.merge([profile, "b.pb.gz"]) }
+        .to raise_error(TypeError, "profiles[1] must be a DatadogHeap::Profile, got \"b.pb.gz\" (String)")
       expect { profile.diff("old.pb.gz") }
         .to raise_error(TypeError, "other must be a DatadogHeap::Profile, got \"old.pb.gz\" (String)")
     end

@@ -117,6 +117,24 @@ module DatadogHeap
       parser.on("-h", "--help", "this help") { options[:help] = true }
     end
 
+    # --group, --by-site and --app-root: what a row stands for and what is application code.
+    def grouping_options(parser, options)
+      parser.on("--group KIND", Profile::GROUPS.map(&:to_s),
+        "what a row sums: site (the default), location (file:line), file, gem or class") do |kind|
+        options[:group] = kind.to_sym
+      end
+      parser.on("--by-site", "a row per site (the default): --group site") { options[:group] = :site }
+      parser.on("--app-root DIR", "the application's code (default: the current directory); repeatable") do |dir|
+        raise OptionParser::InvalidArgument, "--app-root must not be empty" if dir.empty?
+
+        (options[:app_root] ||= []) << File.expand_path(dir)
+      end
+    end
+
+    def grouping(options)
+      {group: options.fetch(:group, :site), app_root: options.fetch(:app_root) { Dir.pwd }}
+    end
+
     def top_option(parser, options)
       parser.on("--top N", Integer, "how many sites to show (default #{DEFAULT_TOP})") do |n|
         raise OptionParser::InvalidArgument, "--top must be at least 1, got #{n}" if n < 1
@@ -129,17 +147,22 @@ module DatadogHeap
 
     def report_parser(options)
       OptionParser.new do |p|
-        p.banner = "Usage: datadog-heap report FILE [--top N] [--by size|count]"
+        p.banner = "Usage: datadog-heap report FILE... [--top N] [--by size|count] [--group KIND] [--app-root DIR]"
         p.separator ""
-        p.separator "The allocation sites holding the most live memory in the profile FILE: live bytes, live"
-        p.separator "objects, share of the total, class, median age (GCs survived) and the file:line of the"
-        p.separator "innermost frame of the application (not Ruby's or a gem's)."
+        p.separator "The allocation sites holding the most live memory in the profile FILE, or in the sum of"
+        p.separator "several (one per forked worker, say): live bytes, live objects, share of the total, class,"
+        p.separator "median age (GCs survived), the site and where the application called it from."
+        p.separator ""
+        p.separator "A site is the file:line of the innermost Ruby frame, the method it is in and the method"
+        p.separator "called there that allocated (`via String#*`). When the site is not application code,"
+        p.separator "`called from` is the nearest frame that is: a file under --app-root, not in an installed gem."
         p.separator ""
         p.separator "Options:"
         top_option(p, options)
         p.on("--by KEY", %w[size count], "rank by live bytes (size, the default) or live objects (count)") do |key|
           options[:by] = key.to_sym
         end
+        grouping_options(p, options)
         common_options(p, options)
       end
     end
@@ -147,9 +170,9 @@ module DatadogHeap
     def report_command(argv)
       options = {top: DEFAULT_TOP, by: :size}
       return EXIT_OK if parse(report_parser(options), argv, options)
-      raise UsageError, "report needs one profile FILE, got #{argv.size} arguments" unless argv.size == 1
+      raise UsageError, "report needs at least one profile FILE, got 0 arguments" if argv.empty?
 
-      report(load_profile(argv.first), options[:top], options[:by])
+      report(load_profiles(argv), options)
       EXIT_OK
     end
 
@@ -161,62 +184,119 @@ module DatadogHeap
       raise UsageError, e.message
     end
 
-    def report(profile, top, by)
-      sites = profile.top(2**62 - 1, by: by)
-      by = :count unless profile.sizes?
-      @out.puts(profile_summary(profile, sites.size))
-      if sites.empty?
-        @out.puts("No live objects in this profile.")
-        return
-      end
-      shown = sites.first(top)
-      @out.puts("(this profile has no sizes: sites are ranked by live objects)") unless profile.sizes?
-      @out.puts
-      @out.puts("Top #{shown.size} of #{plural(sites.size, "site")} by live #{by == :size ? "bytes" : "objects"}:")
-      @out.puts
-      rows = shown.map do |s|
-        [profile.sizes? ? human_bytes(s.live_bytes) : "-", s.live_objects.to_s, percent(s.share),
-          s.class_name || "?", s.median_gen_age&.to_s || "-", s.location]
-      end
-      @out.puts(table(["live bytes", "live objects", "share", "class", "median age", "site"], rows, "rrrlrl"))
+    # The profile at each path, summed when there are several.
+    def load_profiles(paths)
+      profiles = paths.map { |path| load_profile(path) }
+      profiles.size == 1 ? profiles.first : Profile.merge(profiles)
     end
 
-    def profile_summary(profile, site_count)
+    def report(profile, options)
+      group = grouping(options)
+      by = options.fetch(:by, :size)
+      sites = profile.top(2**62 - 1, by: by, **group)
+      by = :count unless profile.sizes?
+      kind = group[:group]
+      noun = kind.to_s
+      @out.puts(profile_summary(profile, sites.size, noun))
+      if sites.empty?
+        @out.puts("No live objects in #{profile.count > 1 ? "these profiles" : "this profile"}.")
+        return
+      end
+      shown = sites.first(options.fetch(:top, DEFAULT_TOP))
+      @out.puts("(#{profile.count > 1 ? "these profiles have" : "this profile has"} no sizes: " \
+        "#{plural_noun(noun)} are ranked by live objects)") unless profile.sizes?
+      @out.puts
+      @out.puts("Top #{shown.size} of #{plural(sites.size, noun)} by live #{by == :size ? "bytes" : "objects"}:")
+      @out.puts
+      callers = kind == :site && shown.any?(&:called_from)
+      rows = shown.map do |s|
+        row = [profile.sizes? ? human_bytes(s.live_bytes) : "-", s.live_objects.to_s, percent(s.share)]
+        row << (s.class_name || "?") if kind == :site
+        row += [s.median_gen_age&.to_s || "-", s.label]
+        row << (s.called_from || "") if callers
+        row
+      end
+      headers = ["live bytes", "live objects", "share"]
+      headers << "class" if kind == :site
+      headers += ["median age", noun]
+      headers << "called from" if callers
+      @out.puts(table(headers, rows, "rrr#{"l" if kind == :site}rll"))
+    end
+
+    def plural_noun(noun)
+      noun == "class" ? "classes" : "#{noun}s"
+    end
+
+    def plural(count, noun)
+      "#{count} #{count == 1 ? noun : plural_noun(noun)}"
+    end
+
+    # "PATH" for one profile; "N profiles summed (A, B, ...)" for several.
+    def profile_name(profile)
+      return profile.path || "(profile)" if profile.count == 1
+
+      names = profile.paths
+      shown = names.size > 3 ? names.first(2) + ["... #{names.size - 2} more"] : names
+      "#{profile.count} profiles summed (#{shown.join(", ")})"
+    end
+
+    def profile_summary(profile, site_count, noun = "site")
       bytes = profile.sizes? ? "#{human_bytes(profile.total_bytes)} in " : ""
       period = profile.period_type && profile.period > 1 ? ", sampled 1 in #{profile.period} #{profile.period_type[0]}" : ""
-      "#{profile.path}: #{bytes}#{profile.total_objects} live objects at #{plural(site_count, "site")}#{period}"
+      "#{profile_name(profile)}: #{bytes}#{profile.total_objects} live objects at #{plural(site_count, noun)}#{period}"
     end
 
     # --- diff --------------------------------------------------------------------------------
 
     def diff_parser(options)
       OptionParser.new do |p|
-        p.banner = "Usage: datadog-heap diff OLD NEW [--top N]"
+        p.banner = "Usage: datadog-heap diff OLD NEW [--top N] [--group KIND] [--app-root DIR]\n" \
+          "       datadog-heap diff OLD... -- NEW... [options]"
         p.separator ""
         p.separator "The allocation sites whose live size grew from the profile OLD to the profile NEW, the"
         p.separator "largest growth first, with the absolute and relative change: what to look at when memory"
         p.separator "keeps growing. Only growing sites are listed. Profiles without sizes are compared by live"
-        p.separator "objects."
+        p.separator "objects. With --, the profiles before it are summed into OLD and the ones after it into"
+        p.separator "NEW (one per forked worker, say: diff tmp/heap-*-1.pb.gz -- tmp/heap-*-9.pb.gz)."
+        p.separator "Sites, --group and --app-root are as in `datadog-heap report`."
         p.separator ""
         p.separator "Options:"
         top_option(p, options)
+        grouping_options(p, options)
         common_options(p, options)
       end
     end
 
     def diff_command(argv)
       options = {top: DEFAULT_TOP}
-      return EXIT_OK if parse(diff_parser(options), argv, options)
-      raise UsageError, "diff needs two profiles, OLD and NEW, got #{argv.size} arguments" unless argv.size == 2
+      split = argv.index("--")
+      parser = diff_parser(options)
+      if split
+        old_paths = argv[0...split]
+        new_paths = argv[(split + 1)..]
+        return EXIT_OK if parse(parser, old_paths, options) || parse(parser, new_paths, options)
+        raise UsageError, "diff needs at least one OLD profile before --" if old_paths.empty?
+        raise UsageError, "diff needs at least one NEW profile after --" if new_paths.empty?
+      else
+        return EXIT_OK if parse(parser, argv, options)
+        unless argv.size == 2
+          raise UsageError, "diff needs two profiles, OLD and NEW, got #{argv.size} arguments " \
+            "(to sum several on each side: diff OLD... -- NEW...)"
+        end
 
-      old, new = argv.map { |path| load_profile(path) }
-      diff(old, new, options[:top])
+        old_paths, new_paths = [argv[0]], [argv[1]]
+      end
+      diff(load_profiles(old_paths), load_profiles(new_paths), options)
       EXIT_OK
     end
 
-    def diff(old, new, top)
+    def diff(old, new, options)
+      top = options.fetch(:top, DEFAULT_TOP)
+      group = grouping(options)
+      kind = group[:group]
+      noun = kind.to_s
       sizes = old.sizes? && new.sizes?
-      diffs = old.diff(new)
+      diffs = old.diff(new, **group)
       measure = sizes ? :bytes_change : :objects_change
       growing = diffs.select { |d| d.public_send(measure) > 0 }
       growing = growing.sort_by.with_index { |d, i| [-d.objects_change, i] } unless sizes
@@ -226,43 +306,48 @@ module DatadogHeap
       else
         "live objects #{old.total_objects} -> #{new.total_objects} (#{signed(new.total_objects - old.total_objects)})"
       end
-      @out.puts("#{old.path} -> #{new.path}: #{totals}")
-      @out.puts("(a profile has no sizes: sites are compared by live objects)") unless sizes
+      @out.puts("#{profile_name(old)} -> #{profile_name(new)}: #{totals}")
+      @out.puts("(a profile has no sizes: #{plural_noun(noun)} are compared by live objects)") unless sizes
       if growing.empty?
-        @out.puts("No site grew: live #{sizes ? "size" : "objects"} did not increase at any of the #{plural(diffs.size, "site")}.")
+        @out.puts("No #{noun} grew: live #{sizes ? "size" : "objects"} did not increase at any of the #{plural(diffs.size, noun)}.")
         return
       end
       shown = growing.first(top)
-      largest = shown.size < growing.size ? "; the #{plural(shown.size, "largest growth")}" : ""
-      @out.puts("#{growing.size} of #{plural(diffs.size, "site")} grew#{largest}:")
+      largest = shown.size < growing.size ? "; the #{shown.size} largest growth#{"s" unless shown.size == 1}" : ""
+      @out.puts("#{growing.size} of #{plural(diffs.size, noun)} grew#{largest}:")
       @out.puts
+      callers = kind == :site && shown.any?(&:called_from)
       rows = shown.map do |d|
-        if sizes
+        row = if sizes
           [signed_bytes(d.bytes_change), relative(d.bytes_relative), human_bytes(d.old_bytes), human_bytes(d.new_bytes),
-            signed(d.objects_change), d.class_name || "?", d.location]
+            signed(d.objects_change)]
         else
-          [signed(d.objects_change), relative(d.objects_relative), d.old_objects.to_s, d.new_objects.to_s,
-            d.class_name || "?", d.location]
+          [signed(d.objects_change), relative(d.objects_relative), d.old_objects.to_s, d.new_objects.to_s]
         end
+        row << (d.class_name || "?") if kind == :site
+        row << d.label
+        row << (d.called_from || "") if callers
+        row
       end
-      headers = if sizes
-        ["growth", "relative", "old bytes", "new bytes", "objects +/-", "class", "site"]
-      else
-        ["growth", "relative", "old objects", "new objects", "class", "site"]
-      end
-      @out.puts(table(headers, rows, sizes ? "rrrrrll" : "rrrrll"))
+      headers = sizes ? ["growth", "relative", "old bytes", "new bytes", "objects +/-"] : ["growth", "relative", "old objects", "new objects"]
+      headers << "class" if kind == :site
+      headers << noun
+      headers << "called from" if callers
+      @out.puts(table(headers, rows, "#{"r" * (sizes ? 5 : 4)}#{"l" if kind == :site}ll"))
     end
 
     # --- run ---------------------------------------------------------------------------------
 
     def run_parser(options)
       OptionParser.new do |p|
-        p.banner = "Usage: datadog-heap run [--out DIR] [--interval S] [--sample-every N] [--top N] -- CMD..."
+        p.banner = "Usage: datadog-heap run [--out DIR] [--interval S] [--sample-every N] [--top N] [--group KIND] " \
+          "[--app-root DIR] -- CMD..."
         p.separator ""
         p.separator "Runs CMD (a Ruby program, or a command that starts one) with datadog_heap/auto loaded"
-        p.separator "through RUBYOPT, waits for it, then prints the report of the last profile written. Every"
-        p.separator "Ruby process CMD starts writes DIR/heap-<pid>-<n>.pb.gz: every S seconds with --interval,"
-        p.separator "and at exit. Exits with CMD's status."
+        p.separator "through RUBYOPT, waits for it, then prints the report of the last profile each process"
+        p.separator "wrote, summed. Every Ruby process CMD starts writes DIR/heap-<pid>-<n>.pb.gz: every S"
+        p.separator "seconds with --interval, and at exit. Exits with CMD's status. --group and --app-root are"
+        p.separator "as in `datadog-heap report`."
         p.separator ""
         p.separator "Options:"
         p.on("--out DIR", "where profiles go (default: a new temporary directory, printed)") do |dir|
@@ -281,6 +366,7 @@ module DatadogHeap
           options[:sample_every] = n
         end
         top_option(p, options)
+        grouping_options(p, options)
         common_options(p, options)
       end
     end
@@ -299,15 +385,16 @@ module DatadogHeap
       status = spawn_and_wait(child_env(out, options), argv)
       code = status.exitstatus || (128 + (status.termsig || 0))
       written = profiles_in(out).reject { |path, mtime| before[path] == mtime }
-      last = written.max_by { |path, mtime| [mtime, path[/-(\d+)\.pb\.gz\z/, 1].to_i] }&.first
-      unless last
+      last = last_of_each_process(written)
+      if last.empty?
         @err.puts("datadog-heap: no profile was written to #{out}: is `#{argv.first}` a Ruby program " \
           "(datadog_heap/auto is loaded through RUBYOPT)?")
         return code.zero? ? EXIT_ERROR : code
       end
       @out.puts
-      @out.puts("datadog-heap: `#{argv.join(" ")}` exited with status #{code}; #{plural(written.size, "profile")} in #{out}")
-      report(Profile.load(last), options[:top], :size)
+      each = last.size > 1 ? "; the last of each of #{last.size} processes, summed:" : ""
+      @out.puts("datadog-heap: `#{argv.join(" ")}` exited with status #{code}; #{plural(written.size, "profile")} in #{out}#{each}")
+      report(load_profiles(last), options)
       code
     ensure
       # A temporary directory nothing was written to (CMD did not start, or is not Ruby) goes.
@@ -351,6 +438,14 @@ module DatadogHeap
       previous&.each { |signal, handler| trap(signal, handler || "DEFAULT") }
     end
 
+    # The last profile each process wrote (heap-<pid>-<n>.pb.gz: the largest n, else the newest),
+    # by pid. `written` is {path => mtime}.
+    def last_of_each_process(written)
+      written.group_by { |path, _| File.basename(path)[/\Aheap-(\d+)-/, 1] }.map do |_, files|
+        files.max_by { |path, mtime| [path[/-(\d+)\.pb\.gz\z/, 1].to_i, mtime] }.first
+      end.sort
+    end
+
     # {path => mtime} of the profiles in `dir`.
     def profiles_in(dir)
       Dir.glob(File.join(dir, PROFILE_GLOB)).to_h { |path| [path, File.mtime(path)] }
@@ -359,7 +454,7 @@ module DatadogHeap
     # --- formatting --------------------------------------------------------------------------
 
     # Columns padded to their widest cell; `aligns` has one "l" or "r" per column. The last column
-    # is not padded.
+    # is not padded, and no line ends in spaces.
     def table(headers, rows, aligns)
       all = [headers, *rows]
       widths = headers.each_index.map { |i| all.map { |r| r[i].to_s.size }.max }
@@ -368,7 +463,7 @@ module DatadogHeap
           next cell.to_s if i == row.size - 1
 
           aligns[i] == "r" ? cell.to_s.rjust(widths[i]) : cell.to_s.ljust(widths[i])
-        end.join("  ")
+        end.join("  ").rstrip
       end.join("\n")
     end
 
@@ -385,10 +480,6 @@ module DatadogHeap
       end
       text = unit.zero? ? "#{value.to_i} B" : format("%.1f %s", value, UNITS[unit])
       bytes.negative? ? "-#{text}" : text
-    end
-
-    def plural(count, noun)
-      "#{count} #{noun}#{"s" unless count == 1}"
     end
 
     def signed_bytes(bytes)

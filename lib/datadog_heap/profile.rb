@@ -8,26 +8,46 @@ module DatadogHeap
   #   profile.sample_types          # => [["heap-live-samples", "count"], ["heap-live-size", "bytes"]]
   #   profile.top(5, by: :size)     # => [Profile::Site, ...], the sites holding the most live bytes
   #   old.diff(new)                 # => [Profile::SiteDiff, ...], the largest growth first
+  #   Profile.merge([a, b])         # => one Profile: the sum of a and b (forked workers, intervals)
   #
-  # A site is an allocation stack plus the allocated class. Locations are arrays of
-  # [name, path, line], innermost frame first, as in LiveObject#locations.
+  # A site is where Ruby code allocated, plus the allocated class: the file:line of the innermost
+  # frame (Ruby's <internal:...> methods are skipped like C methods), the Ruby method that line is
+  # in, the method called there that allocated (`callee`, when the innermost frame is another
+  # method: a C method such as String#* or Class#new), and the nearest frame of the application
+  # further out (`called_from`, when the site is not application code itself). Application code is
+  # what is under `app_root:` (default: Rails.root when Rails is loaded, else the current
+  # directory), outside installed gems, or has a relative path. Stacks that agree on all of that
+  # are one site. `group:` sums sites by :location (file:line), :file, :gem (see Site#library) or
+  # :class instead. Locations are arrays of [name, path, line], innermost frame first, as in
+  # LiveObject#locations.
   class Profile
     # One pprof sample. `values` follow `sample_types`; `objects` and `bytes` pick the live-object
     # count and the live bytes out of them (`bytes` is nil when the profile has no sizes).
     Sample = Struct.new(:locations, :values, :class_name, :gen_age, :objects, :bytes)
 
-    # An allocation site. `location` is "file:line" of the innermost app frame (else the innermost
-    # frame); `share` is its fraction (0.0..1.0) of the profile's total by the sort key;
+    # An allocation site (or group of them, with `group:`). `label` is what it stands for, as the CLI
+    # prints it: "file:line in method" (plus " via callee" for a site), the file, the library or
+    # the class. `location` is the site's "file:line", `function` the Ruby method it is in,
+    # `callee` the method called there that allocated (or nil), `called_from` "file:line in method"
+    # of the nearest app frame (or nil), `library` the gem ("app", a gem's name, "NAME (stdlib)",
+    # ...); for a group other than a site these describe its heaviest stack, as `locations` does.
+    # `class_name` is nil in groups other than :site and :class. `stacks` counts the distinct stacks
+    # summed; `share` is its fraction (0.0..1.0) of the profile's total by the sort key;
     # `median_gen_age` is the median number of GCs its objects survived (nil if unknown).
-    Site = Struct.new(:locations, :class_name, :location, :live_bytes, :live_objects, :share, :median_gen_age)
+    Site = Struct.new(:locations, :class_name, :location, :live_bytes, :live_objects, :share, :median_gen_age,
+      :label, :function, :callee, :called_from, :library, :stacks)
 
-    # A site in two profiles. `*_change` is new - old; `*_relative` is change / old, nil when old
-    # is 0 (a new site, or a profile without sizes).
+    # A site (or group) in two profiles, with the fields of Site that describe it. `*_change` is
+    # new - old; `*_relative` is change / old, nil when old is 0 (a new site, or a profile without
+    # sizes).
     SiteDiff = Struct.new(:locations, :class_name, :location, :old_bytes, :new_bytes, :old_objects, :new_objects,
-      :bytes_change, :objects_change, :bytes_relative, :objects_relative)
+      :bytes_change, :objects_change, :bytes_relative, :objects_relative, :label, :function, :callee, :called_from,
+      :library)
 
     SORT_KEYS = %i[size count].freeze
-    TOP_KEYWORDS = {by: true}.freeze
+    GROUPS = %i[site location file gem class].freeze
+    TOP_KEYWORDS = {by: true, group: true, app_root: true}.freeze
+    DIFF_KEYWORDS = {group: true, app_root: true}.freeze
     # Bound, so that a String subclass cannot answer for it.
     STRING_BYTESIZE = String.instance_method(:bytesize)
 
@@ -64,8 +84,43 @@ module DatadogHeap
           raise Error, "#{path ? Validate.utf8(path) : "profile"} is not a readable pprof profile " \
             "(#{STRING_BYTESIZE.bind_call(bytes)} bytes): #{e.message}"
         end
-        profile.send(:setup, path)
+        profile.send(:setup, path ? [path] : [], 1)
         profile
+      end
+
+      # One profile holding every sample of `profiles` (an Array of Profiles, one or more): their
+      # sum, e.g. of the profiles of several forked workers. It keeps the sample types they all
+      # have (sizes only if every one has them) and their period if they agree. Raises
+      # DatadogHeap::Error naming the profile that shares no sample type with the others.
+      def merge(profiles)
+        raise TypeError, "profiles must be an Array of #{self}, got #{Validate.describe(profiles)}" unless Array === profiles
+        raise ArgumentError, "profiles must not be empty" if profiles.empty?
+
+        profiles.each_with_index do |p, i|
+          raise TypeError, "profiles[#{i}] must be a #{self}, got #{Validate.describe(p)}" unless Profile === p
+        end
+        profiles = profiles.dup
+        merged = begin
+          _native_merge(self, profiles)
+        rescue Error => e
+          message = e.message.sub(/profile (\d+) of (\d+)/) do
+            name = profiles[Integer($1) - 1].path
+            name ? "#{Validate.utf8(name)} (profile #{$1} of #{$2})" : "profile #{$1} of #{$2}"
+          end
+          raise Error, "cannot sum #{profiles.size} profiles: #{message}"
+        end
+        merged.send(:setup, profiles.flat_map(&:paths), profiles.sum(&:count))
+        merged
+      end
+
+      # The app root `top` and `diff` use by default: Rails.root when Rails is loaded and has one,
+      # else the current directory.
+      def default_app_root
+        if defined?(::Rails) && ::Rails.respond_to?(:root) && (root = ::Rails.root)
+          root.to_s
+        else
+          Dir.pwd
+        end
       end
 
       private
@@ -78,8 +133,14 @@ module DatadogHeap
       end
     end
 
-    # The file it was loaded from (nil when parsed from a String).
+    # The file it was loaded from (nil when parsed from a String or merged).
     attr_reader :path
+
+    # The files it was read from: [path], [] when parsed from a String, every merged profile's.
+    attr_reader :paths
+
+    # How many profiles it sums: 1, or how many were merged into it.
+    attr_reader :count
 
     # [[name, unit], ...], in the order of each sample's values.
     def sample_types
@@ -122,8 +183,10 @@ module DatadogHeap
 
     # The `n` sites holding the most live bytes (`by: :size`, the default) or objects
     # (`by: :count`), largest first. A profile without sizes is ranked by count whatever `by` says.
-    # `by` is the only keyword; another is an ArgumentError naming it (Ruby's own error for an
-    # unknown keyword would call the key's inspect).
+    # `group:` (:site, the default, :location, :file, :gem or :class) sums sites into coarser
+    # groups; `app_root:` (a directory, or an Array of them; nil for none) says what application
+    # code is (see the class comment). An unknown keyword is an ArgumentError naming it (Ruby's own
+    # error for an unknown keyword would call the key's inspect).
     def top(n = 10, **options)
       Validate.known_keys!("#{Profile}#top", options, TOP_KEYWORDS)
       Validate.integer!(:n, n, 1, 2**62 - 1)
@@ -132,28 +195,68 @@ module DatadogHeap
         raise ArgumentError, "by must be one of #{SORT_KEYS.map(&:inspect).join(", ")}, got #{Validate.describe(by)}"
       end
 
-      _native_top(n, sizes? && by == :size ? "size" : "count").map { |row| Site.new(*row) }
+      group, roots = grouping(options)
+      _native_top(n, sizes? && by == :size ? "size" : "count", group, roots).map { |row| Site.new(*row) }
     end
 
     # The sites of this profile (the old one) and `other` (the new one), the largest growth in
     # live bytes first, then in objects. Every site of either profile is there, shrunk and
-    # vanished ones last; keep those with a positive change to hunt leaks.
-    def diff(other)
+    # vanished ones last; keep those with a positive change to hunt leaks. `group:` and
+    # `app_root:` as for #top.
+    def diff(other, **options)
       raise TypeError, "other must be a #{Profile}, got #{Validate.describe(other)}" unless Profile === other
 
-      _native_diff(other).map { |row| SiteDiff.new(*row) }
+      Validate.known_keys!("#{Profile}#diff", options, DIFF_KEYWORDS)
+      group, roots = grouping(options)
+      by = sizes? && other.sizes? ? "size" : "count"
+      _native_diff(other, by, group, roots).map { |row| SiteDiff.new(*row) }
     end
 
     def inspect
-      "#<#{self.class} #{path ? Validate.utf8(path) : "(string)"} samples=#{info[:samples]} " \
+      source = if count > 1
+        "(sum of #{count})"
+      else
+        path ? Validate.utf8(path) : "(string)"
+      end
+      "#<#{self.class} #{source} samples=#{info[:samples]} " \
         "types=#{sample_types.map { |t| t.join("/") }.join(",")}>"
     end
 
     private
 
-    def setup(path)
-      @path = path&.dup&.freeze
+    def setup(paths, count)
+      @paths = paths.map { |p| p.dup.freeze }.freeze
+      @path = @paths.first if count == 1
+      @count = count
       @info = _native_info.freeze
+    end
+
+    # [group name, app root directories] from the options of #top and #diff.
+    def grouping(options)
+      group = options.fetch(:group, :site)
+      unless Symbol === group && GROUPS.include?(group)
+        raise ArgumentError, "group must be one of #{GROUPS.map(&:inspect).join(", ")}, got #{Validate.describe(group)}"
+      end
+
+      [group.to_s, app_roots(options.fetch(:app_root) { Profile.default_app_root })]
+    end
+
+    # Absolute directories: each as given (expanded) and, when it exists and differs, its real
+    # path, since Ruby names files by either.
+    def app_roots(value)
+      return [] if value.nil?
+
+      list = Array === value ? value : [value]
+      list.each_with_index.flat_map do |dir, i|
+        dir = Validate.path!(Array === value ? :"app_root[#{i}]" : :app_root, dir)
+        dir = File.expand_path(dir)
+        real = begin
+          File.realpath(dir)
+        rescue SystemCallError
+          dir
+        end
+        [dir, real].uniq
+      end
     end
 
     attr_reader :info

@@ -29,7 +29,10 @@ mod tests;
 
 pub use encode::{encode_profile, EncodeOptions, EncodedPprof};
 pub use read::{read_profile, ProfileData, SampleData, SampleType, SourceFrame, MAX_DECODED_BYTES};
-pub use summary::{diff_sites, is_app_frame, top_sites, Site, SiteDiff, SortBy};
+pub use summary::{
+    diff_sites, diff_sites_with, is_app_frame, library_of, merge_profiles, top_sites,
+    top_sites_with, AppRoot, GroupBy, Site, SiteDiff, SiteOptions, SortBy,
+};
 
 /// Sample type counting live objects (each sampled object stands for `weight` of them).
 pub const LIVE_SAMPLES_TYPE: &str = "heap-live-samples";

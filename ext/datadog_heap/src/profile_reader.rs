@@ -7,14 +7,16 @@
 //! them into Structs and holds the keyword arguments and validation.
 //!
 //! All natives run with the GVL, may allocate and may raise (`DatadogHeap::Error` for a profile
-//! that does not decode, `ArgumentError` for a bad sort key). None is reachable from the
+//! that does not decode or profiles that cannot be summed, `ArgumentError` for a bad sort key or
+//! grouping, `TypeError` for a merge list holding something other than profiles). None is reachable from the
 //! allocation hook or a GC callback.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use datadog_heap_core::{
-    diff_sites, read_profile, top_sites, ProfileData, SampleType, SortBy, SourceFrame,
+    diff_sites_with, merge_profiles, read_profile, top_sites_with, AppRoot, GroupBy, ProfileData,
+    SampleType, SiteOptions, SortBy, SourceFrame,
 };
 use magnus::{
     function, method, prelude::*, typed_data::Obj, value::ReprValue, DataTypeFunctions, Error,
@@ -104,6 +106,46 @@ fn value_type(ruby: &Ruby, t: &SampleType) -> RArray {
     ])
 }
 
+/// What `_native_top` and `_native_diff` are asked: `by` "size" or "count", `group` "site",
+/// "location", "file", "gem" or "class", and the app root directories (absolute).
+fn site_options(
+    ruby: &Ruby,
+    by: &str,
+    group: &str,
+    app_root: Vec<String>,
+) -> Result<SiteOptions, Error> {
+    let by = match by {
+        "size" => SortBy::Size,
+        "count" => SortBy::Count,
+        other => {
+            return Err(arg_error(
+                ruby,
+                format!("by must be \"size\" or \"count\", got {other:?}"),
+            ))
+        }
+    };
+    let group = match group {
+        "site" => GroupBy::Site,
+        "location" => GroupBy::Location,
+        "file" => GroupBy::File,
+        "gem" => GroupBy::Gem,
+        "class" => GroupBy::Class,
+        other => {
+            return Err(arg_error(
+                ruby,
+                format!(
+                    "group must be \"site\", \"location\", \"file\", \"gem\" or \"class\", got {other:?}"
+                ),
+            ))
+        }
+    };
+    Ok(SiteOptions {
+        by,
+        group,
+        app_root: AppRoot::new(app_root),
+    })
+}
+
 /// Sum of column `at` over every sample (saturating); `None` when the column does not exist.
 fn total(data: &ProfileData, at: Option<usize>) -> Option<i64> {
     let at = at?;
@@ -131,6 +173,21 @@ impl Profile {
                     ),
                 ));
             }
+            let memsize = memsize(&data);
+            Ok(ruby.obj_wrap_as(Profile { data, memsize }, class))
+        })
+    }
+
+    /// `Profile._native_merge([profile, ...])` -> a Profile holding the samples of all of them
+    /// (see `merge_profiles`: the sample types they share, their period if they agree).
+    fn merge(ruby: &Ruby, class: RClass, profiles: RArray) -> Result<Obj<Profile>, Error> {
+        guarded(ruby, || {
+            // The objects stay referenced by `profiles`, which the caller holds.
+            let profiles = (0..profiles.len())
+                .map(|i| Obj::<Profile>::try_convert(profiles.entry(i as isize)?))
+                .collect::<Result<Vec<_>, Error>>()?;
+            let data: Vec<&ProfileData> = profiles.iter().map(|p| &p.data).collect();
+            let data = merge_profiles(&data).or_raise(ruby)?;
             let memsize = memsize(&data);
             Ok(ruby.obj_wrap_as(Profile { data, memsize }, class))
         })
@@ -187,21 +244,20 @@ impl Profile {
         })
     }
 
-    /// `_native_top(n, by)` with `by` "size" or "count" -> `[[locations, class_name, location,
-    /// live_bytes, live_objects, share, median_gen_age], ...]`, largest first.
-    fn top(ruby: &Ruby, rb_self: &Self, n: usize, by: String) -> Result<RArray, Error> {
+    /// `_native_top(n, by, group, app_root)` (see [`site_options`]) -> `[[locations, class_name,
+    /// location, live_bytes, live_objects, share, median_gen_age, label, function, callee,
+    /// called_from, library, stacks], ...]`, largest first.
+    fn top(
+        ruby: &Ruby,
+        rb_self: &Self,
+        n: usize,
+        by: String,
+        group: String,
+        app_root: Vec<String>,
+    ) -> Result<RArray, Error> {
         guarded(ruby, || {
-            let by = match by.as_str() {
-                "size" => SortBy::Size,
-                "count" => SortBy::Count,
-                other => {
-                    return Err(arg_error(
-                        ruby,
-                        format!("by must be \"size\" or \"count\", got {other:?}"),
-                    ))
-                }
-            };
-            let sites = top_sites(&rb_self.data, n, by);
+            let options = site_options(ruby, &by, &group, app_root)?;
+            let sites = top_sites_with(&rb_self.data, n, &options);
             let mut stacks = StackArrays::new(ruby);
             let out = ruby.ary_new_capa(sites.len());
             for site in &sites {
@@ -213,6 +269,12 @@ impl Profile {
                     site.live_objects.into_value_with(ruby),
                     site.share.into_value_with(ruby),
                     site.median_gen_age.into_value_with(ruby),
+                    ruby.str_new(&site.label).as_value(),
+                    ruby.str_new(&site.function).as_value(),
+                    site.callee.as_deref().into_value_with(ruby),
+                    site.called_from.as_deref().into_value_with(ruby),
+                    ruby.str_new(&site.library).as_value(),
+                    site.stacks.into_value_with(ruby),
                 ]);
                 out.push(row)?;
             }
@@ -220,13 +282,22 @@ impl Profile {
         })
     }
 
-    /// `_native_diff(other)` -> every site of either profile, from `self` (old) to `other`
-    /// (new), largest growth in live bytes first: `[[locations, class_name, location, old_bytes,
-    /// new_bytes, old_objects, new_objects, bytes_change, objects_change, bytes_relative,
-    /// objects_relative], ...]` (relative changes are nil when the old value is 0).
-    fn diff(ruby: &Ruby, rb_self: &Self, other: &Profile) -> Result<RArray, Error> {
+    /// `_native_diff(other, by, group, app_root)` -> every group of either profile, from `self`
+    /// (old) to `other` (new), largest growth in live bytes first: `[[locations, class_name,
+    /// location, old_bytes, new_bytes, old_objects, new_objects, bytes_change, objects_change,
+    /// bytes_relative, objects_relative, label, function, callee, called_from, library], ...]`
+    /// (relative changes are nil when the old value is 0; `by` picks each group's heaviest stack).
+    fn diff(
+        ruby: &Ruby,
+        rb_self: &Self,
+        other: &Profile,
+        by: String,
+        group: String,
+        app_root: Vec<String>,
+    ) -> Result<RArray, Error> {
         guarded(ruby, || {
-            let diffs = diff_sites(&rb_self.data, &other.data);
+            let options = site_options(ruby, &by, &group, app_root)?;
+            let diffs = diff_sites_with(&rb_self.data, &other.data, &options);
             let mut stacks = StackArrays::new(ruby);
             let out = ruby.ary_new_capa(diffs.len());
             for d in &diffs {
@@ -242,6 +313,11 @@ impl Profile {
                     d.objects_change.into_value_with(ruby),
                     d.bytes_relative.into_value_with(ruby),
                     d.objects_relative.into_value_with(ruby),
+                    ruby.str_new(&d.label).as_value(),
+                    ruby.str_new(&d.function).as_value(),
+                    d.callee.as_deref().into_value_with(ruby),
+                    d.called_from.as_deref().into_value_with(ruby),
+                    ruby.str_new(&d.library).as_value(),
                 ]);
                 out.push(row)?;
             }
@@ -255,9 +331,10 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     let class = module.define_class("Profile", ruby.class_object())?;
     class.undef_default_alloc_func();
     class.define_singleton_method("_native_parse", function!(Profile::parse, 2))?;
+    class.define_singleton_method("_native_merge", function!(Profile::merge, 2))?;
     class.define_method("_native_info", method!(Profile::info, 0))?;
     class.define_method("_native_samples", method!(Profile::samples, 0))?;
-    class.define_method("_native_top", method!(Profile::top, 2))?;
-    class.define_method("_native_diff", method!(Profile::diff, 1))?;
+    class.define_method("_native_top", method!(Profile::top, 4))?;
+    class.define_method("_native_diff", method!(Profile::diff, 4))?;
     Ok(())
 }

@@ -123,40 +123,457 @@ fn class_splits_a_stack_into_sites() {
     assert_eq!(sites[0].class.as_deref(), Some("Hash"));
 }
 
+fn app(dirs: &[&str]) -> SiteOptions {
+    SiteOptions {
+        app_root: AppRoot::new(dirs),
+        ..SiteOptions::default()
+    }
+}
+
+fn grouped(group: GroupBy, by: SortBy) -> SiteOptions {
+    SiteOptions {
+        by,
+        group,
+        app_root: AppRoot::new(["/app"]),
+    }
+}
+
 #[test]
-fn location_is_the_innermost_app_frame() {
+fn site_is_the_innermost_frame_and_called_from_the_nearest_app_frame() {
     let gem = "/usr/local/bundle/gems/activesupport-7.1.0/lib/active_support/core_ext.rb";
     let stdlib = "/usr/local/lib/ruby/3.3.0/set.rb";
-    let vendored = "vendor/bundle/ruby/3.3.0/gems/rack-3.0.0/lib/rack.rb";
+    let vendored = "/app/vendor/bundle/ruby/3.3.0/gems/rack-3.0.0/lib/rack.rb";
     let frames = [
-        frame("Kernel#dup", "<internal:kernel>", 10),
+        // A C method has the file:line of the Ruby frame that called it.
+        frame("String#*", stdlib, 520),
         frame("Set#add", stdlib, 520),
         frame("deep_dup", gem, 33),
         frame("call", vendored, 5),
+        // The nearest app frame is a C frame too: it is named by the method that called it.
+        frame("Array#each", "/app/models/cart.rb", 42),
         frame("Cart#total", "/app/models/cart.rb", 42),
         frame("<main>", "/app/main.rb", 1),
     ];
-    let p = profile(vec![sample(&frames, None, 1, 1, 1)]);
+    let p = profile(vec![sample(&frames, Some("String"), 1, 1, 1)]);
+    let site = &top_sites_with(&p, 1, &app(&["/app/"]))[0];
+    assert_eq!(site.location, format!("{stdlib}:520"));
+    assert_eq!(site.function, "Set#add");
+    assert_eq!(site.callee.as_deref(), Some("String#*"));
+    assert_eq!(site.label, format!("{stdlib}:520 in Set#add via String#*"));
     assert_eq!(
-        top_sites(&p, 1, SortBy::Size)[0].location,
-        "/app/models/cart.rb:42"
+        site.called_from.as_deref(),
+        Some("/app/models/cart.rb:42 in Cart#total"),
+        "the vendored gem under the app root is not app code"
     );
+    assert_eq!(site.library, "set (stdlib)");
+    assert_eq!(site.stacks, 1);
+    assert_eq!(*site.frames, frames);
 
-    // No app frame at all: the innermost one.
-    let p = profile(vec![sample(&frames[..3], None, 1, 1, 1)]);
+    // Without an app root nothing absolute is app code: no called-from.
+    let site = &top_sites(&p, 1, SortBy::Size)[0];
+    assert_eq!(site.location, format!("{stdlib}:520"));
+    assert_eq!(site.called_from, None);
+
+    // A site in app code has no called-from; a Ruby innermost frame no callee.
+    let site = &top_sites_with(&p, 1, &app(&["/usr/local/lib/ruby"]))[0];
     assert_eq!(
-        top_sites(&p, 1, SortBy::Size)[0].location,
-        "<internal:kernel>:10"
+        (site.library.as_str(), site.called_from.as_deref()),
+        ("app", None)
     );
+    let p = profile(vec![sample(&frames[1..], None, 1, 1, 1)]);
+    let site = &top_sites_with(&p, 1, &app(&["/app"]))[0];
+    assert_eq!(site.callee, None);
+    assert_eq!(site.label, format!("{stdlib}:520 in Set#add"));
+
+    // Ruby's <internal:...> methods count as the C methods they mostly replace.
+    let internal = [
+        frame(
+            "require",
+            "<internal:/usr/lib/ruby/vendor_ruby/rubygems/core_ext/kernel_require.rb>",
+            85,
+        ),
+        frame(
+            "require",
+            "<internal:/usr/lib/ruby/vendor_ruby/rubygems/core_ext/kernel_require.rb>",
+            85,
+        ),
+        frame(
+            "<class:Markdown>",
+            "/usr/lib/ruby/3.1.0/rdoc/markdown.rb",
+            538,
+        ),
+        frame(
+            "<top (required)>",
+            "/usr/lib/ruby/3.1.0/rdoc/markdown.rb",
+            182,
+        ),
+    ];
+    let p = profile(vec![sample(&internal, None, 1, 1, 1)]);
+    let site = &top_sites(&p, 1, SortBy::Size)[0];
+    assert_eq!(
+        site.label,
+        "/usr/lib/ruby/3.1.0/rdoc/markdown.rb:538 in <class:Markdown> via require"
+    );
+    assert_eq!(site.library, "rdoc (stdlib)");
+
+    // Only internal frames, or none.
+    let p = profile(vec![sample(&internal[..2], None, 1, 1, 1)]);
+    let site = &top_sites(&p, 1, SortBy::Size)[0];
+    assert!(site.location.starts_with("<internal:"), "{site:?}");
+    assert_eq!(site.library, "ruby (internal)");
     let p = profile(vec![sample(&[], None, 1, 1, 1)]);
     assert_eq!(top_sites(&p, 1, SortBy::Size)[0].location, "(no frames)");
 
-    assert!(is_app_frame("/app/foo.rb"));
-    assert!(is_app_frame("lib/foo.rb"));
-    assert!(!is_app_frame(""));
-    assert!(!is_app_frame("<cfunc>"));
-    assert!(!is_app_frame(stdlib));
-    assert!(!is_app_frame(gem));
+    // A C extension's init frame is named by its file, and has no line.
+    let so = "/usr/lib/x86_64-linux-gnu/ruby/3.1.0/date_core.so";
+    let p = profile(vec![sample(&[frame(so, so, 0)], Some("Class"), 1, 1, 1)]);
+    assert_eq!(top_sites(&p, 1, SortBy::Size)[0].label, so);
+}
+
+#[test]
+fn app_frames_and_libraries() {
+    let root = AppRoot::new(["/srv/app", "/srv/releases/42/"]);
+    for (path, library) in [
+        ("/srv/app/models/cart.rb", "app"),
+        ("/srv/releases/42/lib/x.rb", "app"),
+        ("app.rb", "app"),
+        ("-e", "app"),
+        ("/srv/application.rb", "(other)"),
+        (
+            "/srv/app/vendor/bundle/ruby/3.3.0/gems/rack-3.0.8/lib/rack.rb",
+            "rack",
+        ),
+        (
+            "vendor/bundle/ruby/3.3.0/gems/rack-3.0.8/lib/rack.rb",
+            "rack",
+        ),
+        (
+            "/usr/local/bundle/gems/net-http-0.4.1/lib/net/http.rb",
+            "net-http",
+        ),
+        (
+            "/usr/local/bundle/gems/nokogiri-1.15.4-x86_64-linux/lib/nokogiri.rb",
+            "nokogiri",
+        ),
+        (
+            "/usr/local/bundle/bundler/gems/rails-abcdef012345/activesupport/lib/a.rb",
+            "rails",
+        ),
+        (
+            "/usr/lib/ruby/gems/3.1.0/gems/rake-13.0.6/lib/rake.rb",
+            "rake",
+        ),
+        (
+            "/usr/share/rubygems-integration/all/gems/rspec-core-3.12.0/lib/rspec/core.rb",
+            "rspec-core",
+        ),
+        ("/usr/lib/ruby/3.1.0/rdoc/markup/parser.rb", "rdoc (stdlib)"),
+        ("/usr/lib/ruby/3.1.0/set.rb", "set (stdlib)"),
+        (
+            "/usr/lib/ruby/3.1.0/x86_64-linux-gnu/rbconfig.rb",
+            "rbconfig (stdlib)",
+        ),
+        (
+            "/home/u/.rubies/ruby-3.3.0/lib/ruby/3.3.0/json/common.rb",
+            "json (stdlib)",
+        ),
+        (
+            "/usr/lib/ruby/vendor_ruby/rubygems/request_set.rb",
+            "rubygems (vendor_ruby)",
+        ),
+        (
+            "/usr/lib/x86_64-linux-gnu/ruby/3.1.0/date_core.so",
+            "date_core (stdlib)",
+        ),
+        (
+            "/usr/lib/x86_64-linux-gnu/ruby/3.1.0/json/ext/parser.so",
+            "json (stdlib)",
+        ),
+        ("/home/u/ruby/notes.rb", "(other)"),
+        (
+            "/usr/local/lib/ruby/site_ruby/3.3.0/mine.rb",
+            "mine (site_ruby)",
+        ),
+        ("<internal:kernel>", "ruby (internal)"),
+        ("(eval)", "(eval)"),
+        ("(eval at /app/x.rb:3)", "(eval)"),
+        ("", "(unknown)"),
+        ("/usr/bin/rdoc", "(other)"),
+    ] {
+        assert_eq!(library_of(path, &root), library, "{path}");
+        assert_eq!(is_app_frame(path, &root), library == "app", "{path}");
+    }
+    // A gem developed in a directory called gems is the app when it is the root.
+    let mine = AppRoot::new(["/home/u/gems/mine"]);
+    assert_eq!(library_of("/home/u/gems/mine/lib/mine.rb", &mine), "app");
+    assert_eq!(
+        library_of("/home/u/gems/mine/lib/mine.rb", &AppRoot::default()),
+        "mine"
+    );
+    // "/" as the root makes every file app code.
+    assert!(is_app_frame(
+        "/usr/lib/ruby/3.1.0/set.rb",
+        &AppRoot::new(["/"])
+    ));
+    assert!(
+        !is_app_frame("/srv/app", &root),
+        "the root directory itself is no file in it"
+    );
+}
+
+#[test]
+fn stacks_with_one_site_are_one_row() {
+    let helper = frame("Util#pad", "/app/util.rb", 3);
+    let lib = frame("Lib#fmt", "/usr/lib/ruby/3.1.0/lib.rb", 9);
+    let p = profile(vec![
+        // Two callers of the same helper, from app code: one site.
+        sample(
+            &[helper.clone(), frame("A#a", "/app/a.rb", 1)],
+            Some("String"),
+            1,
+            5,
+            50,
+        ),
+        sample(
+            &[helper.clone(), frame("B#b", "/app/b.rb", 2)],
+            Some("String"),
+            1,
+            7,
+            70,
+        ),
+        // Two stacks through a library to two app lines: two sites, by called-from.
+        sample(
+            &[lib.clone(), frame("A#a", "/app/a.rb", 1)],
+            Some("String"),
+            1,
+            1,
+            10,
+        ),
+        sample(
+            &[lib.clone(), frame("B#b", "/app/b.rb", 2)],
+            Some("String"),
+            1,
+            2,
+            20,
+        ),
+        // Another class at the helper's line: another site.
+        sample(
+            &[helper.clone(), frame("A#a", "/app/a.rb", 1)],
+            Some("Array"),
+            1,
+            1,
+            5,
+        ),
+    ]);
+    let sites = top_sites_with(&p, 10, &app(&["/app"]));
+    let rows: Vec<_> = sites
+        .iter()
+        .map(|s| {
+            (
+                s.label.as_str(),
+                s.class.as_deref(),
+                s.called_from.as_deref(),
+                s.live_objects,
+                s.stacks,
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("/app/util.rb:3 in Util#pad", Some("String"), None, 12, 2),
+            (
+                "/usr/lib/ruby/3.1.0/lib.rb:9 in Lib#fmt",
+                Some("String"),
+                Some("/app/b.rb:2 in B#b"),
+                2,
+                1
+            ),
+            (
+                "/usr/lib/ruby/3.1.0/lib.rb:9 in Lib#fmt",
+                Some("String"),
+                Some("/app/a.rb:1 in A#a"),
+                1,
+                1
+            ),
+            ("/app/util.rb:3 in Util#pad", Some("Array"), None, 1, 1),
+        ]
+    );
+    // The heaviest stack stands for the site.
+    assert_eq!(sites[0].frames[1].name, "B#b");
+
+    let labels = |group, by| -> Vec<(String, i64)> {
+        top_sites_with(&p, 10, &grouped(group, by))
+            .into_iter()
+            .map(|s| (s.label, s.live_objects))
+            .collect()
+    };
+    assert_eq!(
+        labels(GroupBy::Location, SortBy::Count),
+        [
+            ("/app/util.rb:3 in Util#pad".to_owned(), 13),
+            ("/usr/lib/ruby/3.1.0/lib.rb:9 in Lib#fmt".to_owned(), 3),
+        ]
+    );
+    assert_eq!(
+        labels(GroupBy::File, SortBy::Size),
+        [
+            ("/app/util.rb".to_owned(), 13),
+            ("/usr/lib/ruby/3.1.0/lib.rb".to_owned(), 3)
+        ]
+    );
+    assert_eq!(
+        labels(GroupBy::Gem, SortBy::Size),
+        [("app".to_owned(), 13), ("lib (stdlib)".to_owned(), 3)]
+    );
+    assert_eq!(
+        labels(GroupBy::Class, SortBy::Size),
+        [("String".to_owned(), 15), ("Array".to_owned(), 1)]
+    );
+    let by_class = top_sites_with(&p, 10, &grouped(GroupBy::Class, SortBy::Size));
+    assert_eq!(by_class[0].class.as_deref(), Some("String"));
+    assert_eq!(by_class[0].stacks, 4);
+    assert!((by_class[0].share - 150.0 / 155.0).abs() < 1e-12);
+    let by_gem = top_sites_with(&p, 10, &grouped(GroupBy::Gem, SortBy::Size));
+    assert_eq!(
+        by_gem[0].class, None,
+        "only site and class groups keep the class"
+    );
+    assert_eq!(by_gem[0].library, "app");
+}
+
+#[test]
+fn heaviest_stack_does_not_depend_on_sample_order() {
+    let a = [frame("f", "/app/f.rb", 1), frame("a", "/app/a.rb", 1)];
+    let b = [frame("f", "/app/f.rb", 1), frame("b", "/app/b.rb", 1)];
+    let forward = profile(vec![sample(&a, None, 1, 1, 10), sample(&b, None, 1, 1, 10)]);
+    let backward = profile(vec![sample(&b, None, 1, 1, 10), sample(&a, None, 1, 1, 10)]);
+    let options = app(&["/app"]);
+    assert_eq!(
+        top_sites_with(&forward, 1, &options),
+        top_sites_with(&backward, 1, &options)
+    );
+    assert_eq!(top_sites_with(&forward, 1, &options)[0].frames[1].name, "a");
+}
+
+#[test]
+fn merged_profiles_sum() {
+    let a = stack("/app/a.rb", 1);
+    let b = stack("/app/b.rb", 2);
+    let mut one = profile(vec![sample(&a, Some("String"), 1, 10, 100)]);
+    one.period = 512;
+    (one.time_nanos, one.duration_nanos) = (1_000, 100);
+    let mut two = profile(vec![
+        sample(&a, Some("String"), 3, 5, 50),
+        sample(&b, None, 1, 1, 1),
+    ]);
+    two.period = 512;
+    (two.time_nanos, two.duration_nanos) = (2_000, 500);
+    let sum = merge_profiles(&[&one, &two]).unwrap();
+    assert_eq!(sum.samples.len(), 3);
+    assert_eq!(
+        (sum.period, sum.time_nanos, sum.duration_nanos),
+        (512, 1_000, 1_500)
+    );
+    let sites = top_sites(&sum, 10, SortBy::Size);
+    assert_eq!((sites[0].live_objects, sites[0].live_bytes), (15, 150));
+    assert_eq!(sites[0].median_gen_age, Some(1));
+    assert_eq!(merge_profiles(&[&one]).unwrap(), one);
+
+    // Different periods: none; a profile without sizes: a sum without sizes.
+    let mut no_sizes = profile(vec![sample(&b, None, 1, 4, 0)]);
+    no_sizes.sample_types.truncate(1);
+    no_sizes
+        .samples
+        .iter_mut()
+        .for_each(|s| s.values.truncate(1));
+    let sum = merge_profiles(&[&one, &no_sizes, &two]).unwrap();
+    assert_eq!((sum.period, sum.period_type.clone()), (0, None));
+    assert_eq!(sum.sample_types, no_sizes.sample_types);
+    assert_eq!(sum.bytes_index(), None);
+    assert_eq!(
+        sum.samples
+            .iter()
+            .map(|s| s.values.clone())
+            .collect::<Vec<_>>(),
+        [vec![10], vec![4], vec![5], vec![1]]
+    );
+
+    // Nothing in common, or nothing at all.
+    let mut go = profile(vec![]);
+    go.sample_types = vec![SampleType {
+        name: "inuse_space".into(),
+        unit: "bytes".into(),
+    }];
+    let err = merge_profiles(&[&one, &two, &go]).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "pprof: profile 3 of 3 has no sample type in common with the ones before it \
+         (it has inuse_space/bytes; the first has heap-live-samples/count, heap-live-size/bytes)"
+    );
+    assert_eq!(
+        merge_profiles(&[]).unwrap_err().to_string(),
+        "pprof: no profile to sum"
+    );
+}
+
+#[test]
+fn diff_groups_like_top() {
+    let lib = frame("Lib#fmt", "/usr/lib/ruby/3.1.0/lib.rb", 9);
+    let old = profile(vec![sample(
+        &[lib.clone(), frame("A#a", "/app/a.rb", 1)],
+        Some("String"),
+        1,
+        1,
+        10,
+    )]);
+    let new = profile(vec![
+        sample(
+            &[lib.clone(), frame("A#a", "/app/a.rb", 1)],
+            Some("String"),
+            1,
+            3,
+            30,
+        ),
+        sample(
+            &[lib.clone(), frame("B#b", "/app/b.rb", 2)],
+            Some("String"),
+            1,
+            2,
+            20,
+        ),
+    ]);
+    let diffs = diff_sites_with(&old, &new, &app(&["/app"]));
+    let rows: Vec<_> = diffs
+        .iter()
+        .map(|d| {
+            (
+                d.called_from.as_deref(),
+                d.old_objects,
+                d.new_objects,
+                d.bytes_change,
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (Some("/app/a.rb:1 in A#a"), 1, 3, 20),
+            (Some("/app/b.rb:2 in B#b"), 0, 2, 20)
+        ]
+    );
+    assert_eq!(diffs[0].label, "/usr/lib/ruby/3.1.0/lib.rb:9 in Lib#fmt");
+    let by_gem = diff_sites_with(&old, &new, &grouped(GroupBy::Gem, SortBy::Size));
+    assert_eq!(by_gem.len(), 1);
+    assert_eq!(
+        (
+            by_gem[0].label.as_str(),
+            by_gem[0].old_bytes,
+            by_gem[0].new_bytes,
+            by_gem[0].bytes_relative
+        ),
+        ("lib (stdlib)", 10, 50, Some(4.0))
+    );
 }
 
 #[test]
@@ -244,8 +661,12 @@ fn summaries_of_an_encoded_profile() {
     w.record(&[alloc(APP, Some("String"), 100, 40)]);
     let new = read_profile(&encode_world(&mut w).bytes).unwrap();
 
-    let top = top_sites(&old, 5, SortBy::Size);
-    assert_eq!(top[0].location, "/app/loader.rb:9");
+    let top = top_sites_with(&old, 5, &app(&["/app"]));
+    assert_eq!(top[0].location, "/usr/lib/ruby/3.3.0/json/common.rb:216");
+    assert_eq!(
+        top[0].called_from.as_deref(),
+        Some("/app/loader.rb:9 in Loader#load")
+    );
     assert_eq!((top[0].live_objects, top[0].live_bytes), (10, 1_000));
     assert_eq!(top[0].median_gen_age, Some(1));
     assert_eq!(top[1].location, "/app/foo.rb:12");
