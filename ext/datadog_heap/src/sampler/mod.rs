@@ -8,6 +8,7 @@
 //! Rust allocations (system allocator) happen only on the sampled path.
 
 mod capture;
+mod frame_names;
 
 use std::cell::{Cell, RefCell};
 use std::time::Instant;
@@ -17,6 +18,7 @@ use rb_sys::VALUE;
 
 use crate::shims;
 use capture::CapturedStack;
+pub use frame_names::frame_name;
 
 /// When and how one session samples.
 pub struct SamplerState {
