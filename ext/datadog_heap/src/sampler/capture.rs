@@ -48,10 +48,11 @@ impl FrameSource for CapturedStack<'_> {
         // Every name goes into one buffer; the frames borrow their slices of it afterwards.
         let mut names = String::with_capacity(keep * 24);
         let mut located: Vec<(usize, &str, i32)> = Vec::with_capacity(keep);
+        let mut namer = frame_names::FrameNamer::default();
         for i in 0..keep {
             let frame = frames[i];
             let path = shims::frame_path(frame);
-            frame_names::write_frame_name(&mut names, frame, path.is_none());
+            namer.write(&mut names, frame, path.is_none());
             let (filename, line) = match path {
                 // A C frame: at the caller's location.
                 None => caller_location(&frames[..depth], &lines[..depth], i + 1),

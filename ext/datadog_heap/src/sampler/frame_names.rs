@@ -26,23 +26,39 @@ use rb_sys::VALUE;
 use super::capture::{class_name_of, string_of};
 use crate::shims;
 
-/// Appends the name of `frame` (a handle from `rb_profile_frames`) to `out`. `c_frame`: the
-/// frame has no path (a method defined in C).
-pub fn write_frame_name(out: &mut String, frame: VALUE, c_frame: bool) {
-    let name = if c_frame {
-        shims::frame_method_name(frame)
-    } else {
-        shims::frame_label(frame)
-    };
-    let name = string_of(name);
-    match shims::method_entry_owner(frame) {
-        Some(owner) => write_qualified(out, owner, name),
-        None => out.push_str(name),
+/// Names the frames of one capture. Remembers the last owner's prefix (`Foo#`, `Foo.`), since
+/// neighbouring frames often share their class (recursion, a class's methods calling each
+/// other), which spares looking its name up again.
+#[derive(Default)]
+pub struct FrameNamer {
+    last_owner: VALUE,
+    prefix: String,
+}
+
+impl FrameNamer {
+    /// Appends the name of `frame` (a handle from `rb_profile_frames`) to `out`. `c_frame`: the
+    /// frame has no path (a method defined in C).
+    pub fn write(&mut self, out: &mut String, frame: VALUE, c_frame: bool) {
+        let name = if c_frame {
+            shims::frame_method_name(frame)
+        } else {
+            shims::frame_label(frame)
+        };
+        let name = string_of(name);
+        if let Some(owner) = shims::method_entry_owner(frame) {
+            if owner != self.last_owner || self.prefix.is_empty() {
+                self.prefix.clear();
+                write_prefix(&mut self.prefix, owner);
+                self.last_owner = owner;
+            }
+            out.push_str(&self.prefix);
+        }
+        out.push_str(name);
     }
 }
 
-/// `Owner#name`, or `Object.name` for a method of a singleton class.
-fn write_qualified(out: &mut String, owner: VALUE, name: &str) {
+/// `Owner#`, or `Object.` for a method of a singleton class.
+fn write_prefix(out: &mut String, owner: VALUE) {
     match shims::singleton_attached(owner) {
         Some(attached) if shims::is_module_like(attached) => {
             write_module(out, attached);
@@ -56,7 +72,6 @@ fn write_qualified(out: &mut String, owner: VALUE, name: &str) {
             out.push('#');
         }
     }
-    out.push_str(name);
 }
 
 /// A class's or module's name, or `#<Class:0x...>` / `#<Module:0x...>` (as `inspect` shows it)
@@ -75,10 +90,10 @@ fn write_module(out: &mut String, module: VALUE) {
     }
 }
 
-/// The name `write_frame_name` gives `frame`, for the load-time layout check (which compares it
+/// The name `FrameNamer` gives `frame`, for the load-time layout check (which compares it
 /// with the label Ruby builds).
 pub fn frame_name(frame: VALUE) -> Option<String> {
     let mut out = String::new();
-    write_frame_name(&mut out, frame, shims::frame_path(frame).is_none());
+    FrameNamer::default().write(&mut out, frame, shims::frame_path(frame).is_none());
     Some(out)
 }
