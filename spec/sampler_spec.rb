@@ -21,7 +21,7 @@ RSpec.describe "built-in allocation sampler" do
     expect(kept.map(&:weight)).to all(eq(1))
     ruby_frame = kept.first.locations.find { |_, path, _| path == __FILE__ }
     expect(ruby_frame[2]).to eq(line)
-    expect(kept.first.locations.first[0]).to eq("new") # the C frame, at the caller's line
+    expect(kept.first.locations.first[0]).to eq("Kept.new") # the C frame (Struct's `new`), at the caller's line
     expect(kept.first.locations.first[1..]).to eq([__FILE__, line])
     expect(keep.size).to eq(123)
   end

@@ -53,6 +53,8 @@ fn window_tick(ruby: &Ruby) -> Result<Option<f64>, Error> {
 #[magnus::init]
 fn init(ruby: &Ruby) -> Result<(), Error> {
     // `define_module` reopens the module when lib/datadog_heap.rb has already defined it.
+    // Before anything can sample: whether frames can be named with their class (shims::frames).
+    shims::verify_method_entry_layout(sampler::frame_name);
     let module = ruby.define_module("DatadogHeap")?;
     errors::init(ruby, module)?;
     weak_map::init(ruby)?;

@@ -1,6 +1,9 @@
 //! Raw C API calls, each behind a small safe function with its contract. The rest of the crate
 //! goes through these (or magnus) and never calls rb-sys directly.
 
+mod frames;
+pub use frames::*;
+
 use magnus::{
     rb_sys::{AsRawValue, FromRawValue},
     Error, Value,
@@ -338,38 +341,6 @@ extern "C" {
     // RCLASS_SUPER: the superclass slot as it is (an include class, or 0/nil past BasicObject).
     // Unlike rb_class_superclass it never raises and asserts nothing about its argument's type.
     fn rb_class_get_superclass(klass: VALUE) -> VALUE;
-}
-
-/// Captures the current thread's stack into `frames`/`lines` (innermost first); returns the
-/// depth. Needs the GVL; allocates nothing (usable in the hook).
-pub fn profile_frames(frames: &mut [VALUE], lines: &mut [i32]) -> usize {
-    let capacity = frames.len().min(lines.len()).min(i32::MAX as usize);
-    // SAFETY: both buffers hold at least `capacity` entries; rb_profile_frames writes at most that
-    // many, allocates nothing and raises nothing.
-    let depth = unsafe {
-        rb_sys::rb_profile_frames(0, capacity as i32, frames.as_mut_ptr(), lines.as_mut_ptr())
-    };
-    depth.clamp(0, capacity as i32) as usize
-}
-
-/// The file of a frame from `profile_frames`, `None` for a C frame. Allocates nothing.
-pub fn frame_path(frame: VALUE) -> Option<VALUE> {
-    // SAFETY: `frame` came from rb_profile_frames in this hook call (an iseq or method entry);
-    // the accessor returns a string the VM already holds, without allocating.
-    let path = unsafe { rb_sys::rb_profile_frame_path(frame) };
-    (path != rb_sys::Qnil as VALUE).then_some(path)
-}
-
-/// The method name of a C frame from `profile_frames`. Allocates nothing.
-pub fn frame_method_name(frame: VALUE) -> VALUE {
-    // SAFETY: as in `frame_path`.
-    unsafe { rb_sys::rb_profile_frame_method_name(frame) }
-}
-
-/// The base label of a Ruby frame from `profile_frames`. Allocates nothing.
-pub fn frame_base_label(frame: VALUE) -> VALUE {
-    // SAFETY: as in `frame_path`.
-    unsafe { rb_sys::rb_profile_frame_base_label(frame) }
 }
 
 /// The bytes of a T_STRING as UTF-8; `None` for anything else or for bytes that are not UTF-8.

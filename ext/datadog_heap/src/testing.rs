@@ -47,5 +47,10 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
         "_native_listed_sessions",
         function!(runtime::listed_count, 0),
     )?;
+    // Whether frames are named with their class: the load-time check of method entries passed.
+    testing.define_singleton_method(
+        "_native_frame_classes_named",
+        function!(crate::shims::method_entry_layout_verified, 0),
+    )?;
     Ok(())
 }

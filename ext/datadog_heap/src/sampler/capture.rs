@@ -1,10 +1,11 @@
 //! One stack as `rb_profile_frames` captured it in the hook: frame handles and lines, named only
-//! when the session's stack cache does not know them already, and the allocated object's class
-//! name. Runs inside the NEWOBJ hook: no Ruby allocation, no raise, no Ruby call.
+//! when the session's stack cache does not know them already (`frame_names` says how), and the
+//! allocated object's class name. Runs inside the NEWOBJ hook: no Ruby allocation, no raise, no Ruby call.
 
 use datadog_heap_core::{truncation, FrameSource, RawFrame, RawStackKey, Stack};
 use rb_sys::VALUE;
 
+use super::frame_names;
 use crate::shims;
 
 pub struct CapturedStack<'a> {
@@ -34,8 +35,9 @@ impl FrameSource for CapturedStack<'_> {
         })
     }
 
-    /// Names the kept frames (and the truncation marker) without allocating a Ruby object.
-    /// Allocates the frame list and, for a truncated stack, the marker (Rust allocator).
+    /// Names the kept frames (and the truncation marker) without allocating a Ruby object, as
+    /// `frame_names` says. Allocates the names, the frame list and, for a truncated stack, the
+    /// marker (Rust allocator).
     fn with_frames(
         &self,
         f: &mut dyn FnMut(&[RawFrame<'_>]) -> datadog_heap_core::Result<Stack>,
@@ -43,28 +45,30 @@ impl FrameSource for CapturedStack<'_> {
         let (frames, lines) = (self.frames, self.lines);
         let depth = frames.len().min(lines.len());
         let (keep, marker) = truncation(depth, self.max_frames, depth >= self.capacity);
-        let mut raw: Vec<RawFrame> = Vec::with_capacity(keep + 1);
+        // Every name goes into one buffer; the frames borrow their slices of it afterwards.
+        let mut names = String::with_capacity(keep * 24);
+        let mut located: Vec<(usize, &str, i32)> = Vec::with_capacity(keep);
+        let mut namer = frame_names::FrameNamer::default();
         for i in 0..keep {
             let frame = frames[i];
             let path = shims::frame_path(frame);
-            let (name, filename, line) = match path {
-                // A C frame: its method name, at the caller's location.
-                None => {
-                    let (filename, line) =
-                        caller_location(&frames[..depth], &lines[..depth], i + 1);
-                    (string_of(shims::frame_method_name(frame)), filename, line)
-                }
-                Some(path) => (
-                    string_of(shims::frame_base_label(frame)),
-                    string_of(path),
-                    lines[i],
-                ),
+            namer.write(&mut names, frame, path.is_none());
+            let (filename, line) = match path {
+                // A C frame: at the caller's location.
+                None => caller_location(&frames[..depth], &lines[..depth], i + 1),
+                Some(path) => (string_of(path), lines[i]),
             };
+            located.push((names.len(), filename, line));
+        }
+        let mut raw: Vec<RawFrame> = Vec::with_capacity(keep + 1);
+        let mut start = 0;
+        for &(end, filename, line) in &located {
             raw.push(RawFrame {
-                name,
+                name: names.get(start..end).unwrap_or(""),
                 filename,
                 line,
             });
+            start = end;
         }
         if let Some(marker) = &marker {
             raw.push(RawFrame {
@@ -89,7 +93,7 @@ fn caller_location<'a>(frames: &[VALUE], lines: &[i32], from: usize) -> (&'a str
 
 /// Borrows the bytes of a Ruby String the VM keeps alive (frame paths and labels, class names)
 /// for the rest of this hook call. Not UTF-8 → "" (we never allocate to fix it up here).
-fn string_of<'a>(value: VALUE) -> &'a str {
+pub(super) fn string_of<'a>(value: VALUE) -> &'a str {
     // SAFETY: the strings we are given (frame paths and labels, class names) are held by the VM
     // for at least as long as this hook call, which runs no Ruby code and no GC before the core
     // has copied them.

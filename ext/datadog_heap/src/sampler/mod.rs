@@ -16,6 +16,7 @@
 //!   hook is installed and allocations run at full speed.
 
 mod capture;
+mod frame_names;
 
 use std::cell::{Cell, RefCell};
 use std::time::Instant;
@@ -25,6 +26,7 @@ use rb_sys::VALUE;
 
 use crate::shims;
 use capture::CapturedStack;
+pub use frame_names::frame_name;
 
 /// Mean allocations between two samples inside a window. Near where a sample's own cost (about
 /// 1.5 µs) spread over the interval matches the slow path every allocation in a window pays
