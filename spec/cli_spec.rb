@@ -319,7 +319,7 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       # sampled about 1 run in 64, and then stands for 64 Arrays as big as itself (8 bytes per kept
       # string, 64 times over: more than the strings). Only that one sampled Array may come first.
       # The script is under the current directory, the default app root: no called-from.
-      leak_row = /\A\s*[\d.]+ [KM]iB\s+\d+\s+\d+\.\d%\s+String\s+\d+\s+#{Regexp.escape(script)}:#{leak_line} in remember via \*\z/
+      leak_row = /\A\s*[\d.]+ [KM]iB\s+\d+\s+\d+\.\d%\s+String\s+\d+\s+#{Regexp.escape(script)}:#{leak_line} in LeakyCache#remember via String#\*\z/
       cache_row = /\A\s*[\d.]+ [KM]iB\s+64\s+\d+\.\d%\s+Array\s+\d+\s+#{Regexp.escape(script)}:#{cache_line} in initialize\z/
       leak_at = table.index { |row| row.match?(leak_row) }
       expect(leak_at).not_to be_nil, "the leak #{script}:#{leak_line} is not among the top sites:\n#{out}"
@@ -344,7 +344,7 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       # The child inherited the parent's cache and added to it: the sum holds both.
       sum = DatadogHeap::Profile.merge(Dir.glob(File.join(dir, "*.pb.gz")).map { |f| DatadogHeap::Profile.load(f) })
       leak = sum.top(1, by: :count).first
-      expect(leak).to have_attributes(location: "#{script}:#{leak_line}", function: "remember")
+      expect(leak).to have_attributes(location: "#{script}:#{leak_line}", function: "LeakyCache#remember")
       expect(leak.live_objects).to be > kept * 3 / 2
       expect(out).to match(/^2 profiles summed \(.*\): [\d.]+ MiB in #{sum.total_objects} live objects/)
     end
