@@ -127,7 +127,8 @@ RSpec.describe "the example puma service under the profiler", :stress do
   def first_row_site(output, header)
     lines = output.lines
     rows = lines.drop(lines.index { |l| l.lstrip.start_with?(header) } + 1).map(&:split)
-    rows.reject { |cells| cells.include?("Thread") }.first.last
+    # The site cell is `file:line in Method` (then maybe `via Callee`): its file:line.
+    rows.reject { |cells| cells.include?("Thread") }.first.find { |cell| cell.match?(/\A\S+:\d+\z/) }
   end
 
   it "shuts down on SIGTERM without a crash or a hang, within the deadline" do
