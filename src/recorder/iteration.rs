@@ -126,26 +126,27 @@ impl HeapRecorder {
     /// Each distinct stack is looked at once (stacks are shared), so this costs about one hash
     /// lookup per frame of each distinct stack plus one per object.
     fn names_of(&self, objects: &[LiveObject]) -> Result<Names> {
-        let mut seen_stacks: FxHashSet<*const crate::stack::Frame> = FxHashSet::default();
-        let mut ids: FxHashSet<StringId> = FxHashSet::default();
-        for object in objects {
-            ids.insert(object.data.class);
-            if seen_stacks.insert(object.stack.as_ptr()) {
-                for frame in object.stack.iter() {
-                    ids.insert(frame.name);
-                    ids.insert(frame.filename);
-                }
-            }
-        }
-        ids.remove(&0);
         let strings = self.strings.lock()?;
         let mut names = Names::default();
-        names.texts.reserve(ids.len());
-        for id in ids {
+        let mut add = |id: StringId| -> Result<()> {
+            if id == 0 || names.texts.contains_key(&id) {
+                return Ok(());
+            }
             let text = strings.get(id).map_err(|e| {
                 HeapError::Pprof(format!("string id {id} of a record is not interned: {e}"))
             })?;
             names.texts.insert(id, text.into_boxed_str());
+            Ok(())
+        };
+        let mut seen_stacks: FxHashSet<*const crate::stack::Frame> = FxHashSet::default();
+        for object in objects {
+            add(object.data.class)?;
+            if seen_stacks.insert(object.stack.as_ptr()) {
+                for frame in object.stack.iter() {
+                    add(frame.name)?;
+                    add(frame.filename)?;
+                }
+            }
         }
         Ok(names)
     }

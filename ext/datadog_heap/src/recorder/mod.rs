@@ -310,10 +310,7 @@ impl Recorder {
 
     /// `windows_per_second`: the windowed sampler's rate, nil for the countdown sampler.
     fn windows_per_second(&self) -> Option<f64> {
-        match self.session.config.mode {
-            Mode::Windowed { per_second } => Some(per_second),
-            Mode::Countdown => None,
-        }
+        self.session.config.mode.windows_per_second()
     }
 
     /// The session, for the Testing module.

@@ -169,12 +169,17 @@ pub fn stop(session: &Session) -> bool {
 
 /// Unlists the sessions with no work left, then installs or removes the hooks to match.
 pub fn prune() {
-    let removed: Vec<Listed> = with(|r| {
-        let (keep, gone) = std::mem::take(&mut r.sessions)
-            .into_iter()
-            .partition(|l| l.session.has_work());
-        r.sessions = keep;
-        gone
+    // In place, and allocation-free when nothing leaves (the usual commit job).
+    let mut removed: Vec<Listed> = Vec::new();
+    with(|r| {
+        let mut i = 0;
+        while i < r.sessions.len() {
+            if r.sessions[i].session.has_work() {
+                i += 1;
+            } else {
+                removed.push(r.sessions.swap_remove(i));
+            }
+        }
     });
     // Dropped outside the runtime's cell: a last reference frees a whole recorder.
     drop(removed);
@@ -186,23 +191,15 @@ pub fn prune() {
 fn sync_hooks() {
     let (newobj, gc_end, timer) = with(|r| {
         let ractors = r.ractors_started;
-        let live: Vec<&Session> = (r.sessions.iter())
-            .map(|l| &*l.session)
-            .filter(|s| s.is_running() && !s.is_dropped() && !ractors)
-            .collect();
-        let newobj = live.iter().any(|s| s.sampler.wants_hook(s.config.mode));
-        let gc_end = live.iter().any(|s| s.config.mode == Mode::Countdown);
-        let timer = (live.iter())
-            .filter_map(|s| match s.config.mode {
-                Mode::Windowed { per_second } => Some(per_second),
-                Mode::Countdown => None,
-            })
-            .reduce(f64::max)
-            .filter(|_| !r.shut_down);
-        let timer_change = (r.timer_rate != timer).then(|| {
-            r.timer_rate = timer;
-            timer
-        });
+        let live = || {
+            (r.sessions.iter())
+                .map(|l| &*l.session)
+                .filter(move |s| s.is_running() && !s.is_dropped() && !ractors)
+        };
+        let newobj = live().any(|s| s.sampler.wants_hook(s.config.mode));
+        let gc_end = live().any(|s| s.config.mode == Mode::Countdown);
+        let timer = windows::timer_rate(live()).filter(|_| !r.shut_down);
+        let timer_change = (r.timer_rate != timer).then_some(timer);
         (
             changed(&mut r.newobj_installed, newobj),
             changed(&mut r.gc_end_installed, gc_end),
@@ -216,6 +213,7 @@ fn sync_hooks() {
         hooks::set_gc_end(installed);
     }
     if let Some(rate) = timer {
+        with(|r| r.timer_rate = rate);
         windows::set_rate(rate);
     }
 }

@@ -17,28 +17,23 @@
 //! Everything here needs the GVL except the native timer thread's loop.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
 use magnus::Ruby;
 
 use super::{busy::BusyGuard, listed, sync_hooks, Session};
-use crate::sampler::Mode;
 use crate::shims;
 
 /// A windowed session's rate, or `None` for a countdown session.
 fn rate_of(session: &Session) -> Option<f64> {
-    match session.config.mode {
-        Mode::Windowed { per_second } => Some(per_second),
-        Mode::Countdown => None,
-    }
+    session.config.mode.windows_per_second()
 }
 
-/// The highest rate among running windowed sessions: what the timer ticks at; `None` when no
-/// windowed session runs (no timer then).
-pub fn wanted_rate(sessions: &[(Arc<Session>, rb_sys::VALUE)]) -> Option<f64> {
-    (sessions.iter())
-        .filter(|(s, _)| s.is_running() && !s.is_dropped())
-        .filter_map(|(s, _)| rate_of(s))
+/// The highest rate among the running windowed sessions of `sessions`: what the timer ticks at;
+/// `None` when none runs (no timer then).
+pub fn timer_rate<'a>(sessions: impl IntoIterator<Item = &'a Session>) -> Option<f64> {
+    (sessions.into_iter())
+        .filter(|s| s.is_running() && !s.is_dropped())
+        .filter_map(rate_of)
         .reduce(f64::max)
 }
 
@@ -59,7 +54,7 @@ fn uniform() -> f64 {
 pub fn tick(ruby: &Ruby) -> Option<f64> {
     let _busy = BusyGuard::enter();
     let sessions = listed(|s| s.is_running() && rate_of(s).is_some());
-    let timer_rate = wanted_rate(&sessions);
+    let timer_rate = timer_rate(sessions.iter().map(|(s, _)| &**s));
     let gc_count = shims::gc_count();
     for (session, owner) in &sessions {
         let owner = std::hint::black_box(*owner);

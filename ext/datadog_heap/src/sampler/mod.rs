@@ -40,6 +40,16 @@ pub enum Mode {
     Windowed { per_second: f64 },
 }
 
+impl Mode {
+    /// The windowed sampler's rate of windows; `None` for the countdown sampler.
+    pub fn windows_per_second(self) -> Option<f64> {
+        match self {
+            Mode::Windowed { per_second } => Some(per_second),
+            Mode::Countdown => None,
+        }
+    }
+}
+
 /// A windowed session's current window.
 #[derive(Clone, Copy, Default)]
 struct Window {
