@@ -7,6 +7,7 @@ use magnus::{Error, RString, Ruby};
 
 use super::{with_session, Recorder};
 use crate::errors::{heap_error, OrRaise};
+use crate::runtime;
 use crate::shims::without_gvl;
 
 /// `profile` -> gzip pprof of the live objects.
@@ -20,7 +21,11 @@ pub fn profile(ruby: &Ruby, rb_self: &Recorder) -> Result<RString, Error> {
             sample_every: i64::try_from(session.config.sample_every).unwrap_or(i64::MAX),
             ..EncodeOptions::default()
         };
-        let encoded = without_gvl(|gvl_held| (encode_profile(&snapshot, &options), gvl_held));
+        // Not busy meanwhile: other threads allocate while the GVL is released, and none of it is
+        // our own work.
+        let encoded = runtime::not_busy(|| {
+            without_gvl(|gvl_held| (encode_profile(&snapshot, &options), gvl_held))
+        });
         let (encoded, gvl_held) = match encoded? {
             Some(result) => result,
             None => {

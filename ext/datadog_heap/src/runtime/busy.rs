@@ -2,19 +2,36 @@
 //! nesting depth. Allocations they make then are ours, not the program's, and the sampler skips
 //! them (counted as `sampler_skipped_reentrant`). Per thread, so other threads' allocations are
 //! still sampled while one thread encodes a profile without the GVL. Needs the GVL throughout.
+//!
+//! The busy set also counts those allocations (`own_allocations`): the windowed sampler weighs a
+//! window by the program's allocations in the gap before it, and our own work (commit jobs, on
+//! Ruby 3.1 about two objects per sample for the WeakMap) lands mostly in gaps.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use magnus::{Error, Ruby};
 use rb_sys::VALUE;
 
 use crate::errors::{heap_error, panic_message};
 use crate::gvl_cell::GvlCell;
-use crate::shims::current_thread;
+use crate::shims::{current_thread, total_allocated_objects};
 
-static BUSY: GvlCell<Vec<(VALUE, u32)>> = GvlCell::new(Vec::new());
+/// A busy thread, its nesting depth, and the VM's allocation counter when its current stretch of
+/// our own work began.
+struct Busy {
+    thread: VALUE,
+    depth: u32,
+    since: u64,
+}
 
-fn with<R>(f: impl FnOnce(&mut Vec<(VALUE, u32)>) -> R) -> R {
+static BUSY: GvlCell<Vec<Busy>> = GvlCell::new(Vec::new());
+
+/// Objects allocated inside our own work since the process started (a forked child inherits the
+/// parent's count, as it inherits the VM's counter).
+static OWN_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+fn with<R>(f: impl FnOnce(&mut Vec<Busy>) -> R) -> R {
     // SAFETY: every caller holds the GVL (module contract) and the closures below make no VM call.
     unsafe { BUSY.with(f) }
 }
@@ -25,10 +42,29 @@ pub struct BusyGuard(VALUE);
 impl BusyGuard {
     pub fn enter() -> BusyGuard {
         let thread = current_thread();
-        with(|busy| match busy.iter_mut().find(|(t, _)| *t == thread) {
-            Some((_, depth)) => *depth += 1,
-            None => busy.push((thread, 1)),
+        let entered = with(|busy| match busy.iter_mut().find(|b| b.thread == thread) {
+            Some(b) => {
+                b.depth += 1;
+                false
+            }
+            None => {
+                busy.push(Busy {
+                    thread,
+                    depth: 1,
+                    since: 0,
+                });
+                true
+            }
         });
+        if entered {
+            // Read outside `with`: rb_gc_stat is a VM call.
+            let now = total_allocated_objects();
+            with(|busy| {
+                if let Some(b) = busy.iter_mut().find(|b| b.thread == thread) {
+                    b.since = now;
+                }
+            });
+        }
         BusyGuard(thread)
     }
 }
@@ -36,15 +72,37 @@ impl BusyGuard {
 impl Drop for BusyGuard {
     fn drop(&mut self) {
         let thread = self.0;
-        with(|busy| {
-            if let Some(i) = busy.iter().position(|(t, _)| *t == thread) {
-                busy[i].1 -= 1;
-                if busy[i].1 == 0 {
-                    busy.swap_remove(i);
-                }
+        let left = with(|busy| {
+            let i = busy.iter().position(|b| b.thread == thread)?;
+            busy[i].depth -= 1;
+            match busy[i].depth {
+                0 => Some(busy.swap_remove(i).since),
+                _ => None,
             }
         });
+        if let Some(since) = left {
+            count_own(since);
+        }
     }
+}
+
+/// Adds the allocations since `since` to our own.
+fn count_own(since: u64) {
+    let made = total_allocated_objects().saturating_sub(since);
+    OWN_ALLOCATIONS.fetch_add(made, Ordering::Relaxed);
+}
+
+/// Objects allocated inside our own work so far (see the module docs).
+pub fn own_allocations() -> u64 {
+    OWN_ALLOCATIONS.load(Ordering::Relaxed)
+}
+
+/// The program's allocations so far: the VM's counter less our own. Needs the GVL.
+pub fn program_allocations() -> u64 {
+    let total = total_allocated_objects();
+    // A busy thread's current stretch is ours too.
+    let current: u64 = with(|busy| busy.iter().map(|b| total.saturating_sub(b.since)).sum());
+    total.saturating_sub(own_allocations().saturating_add(current))
 }
 
 /// Is the current thread inside our own native work? Allocation-free (used by the hook).
@@ -53,20 +111,25 @@ pub fn current_thread_busy() -> bool {
         return false;
     }
     let thread = current_thread();
-    with(|busy| busy.iter().any(|(t, _)| *t == thread))
+    with(|busy| busy.iter().any(|b| b.thread == thread))
 }
 
-/// Runs `f` (which calls back into user Ruby code) with this thread's busy mark lifted, so its
-/// allocations are sampled like any other.
+/// Runs `f` with this thread's busy mark lifted: code that calls back into user Ruby code, whose
+/// allocations are sampled like any other, or that releases the GVL, so that other threads'
+/// allocations meanwhile are not counted as ours.
 pub fn not_busy<T>(f: impl FnOnce() -> T) -> T {
     let thread = current_thread();
-    let depth = with(|busy| {
-        let i = busy.iter().position(|(t, _)| *t == thread)?;
-        Some(busy.swap_remove(i).1)
+    let lifted = with(|busy| {
+        let i = busy.iter().position(|b| b.thread == thread)?;
+        Some(busy.swap_remove(i))
     });
+    if let Some(b) = &lifted {
+        count_own(b.since);
+    }
     let out = f();
-    if let Some(depth) = depth {
-        with(|busy| busy.push((thread, depth)));
+    if let Some(mut b) = lifted {
+        b.since = total_allocated_objects();
+        with(|busy| busy.push(b));
     }
     out
 }
@@ -74,7 +137,7 @@ pub fn not_busy<T>(f: impl FnOnce() -> T) -> T {
 /// In a forked child only the forking thread survives: the others' marks go, its own stays.
 pub fn after_fork() {
     let thread = current_thread();
-    with(|busy| busy.retain(|(t, _)| *t == thread));
+    with(|busy| busy.retain(|b| b.thread == thread));
 }
 
 /// Runs a native method body: marks the thread busy, and turns a panic into `DatadogHeap::Error`

@@ -13,7 +13,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use rb_sys::{rb_trace_arg_t, VALUE};
 
 use super::{busy, jobs, with, Session};
-use crate::sampler;
+use crate::sampler::{self, Mode};
 use crate::shims;
 
 /// Most sessions one hook call samples; others due at the same allocation take the next one.
@@ -48,6 +48,9 @@ unsafe extern "C" fn on_newobj(_data: VALUE, arg: *mut rb_trace_arg_t) {
     // A panic must not unwind into the VM; the per-session one below disables its session, this
     // one (which nothing here can raise) is dropped.
     let _ = catch_unwind(AssertUnwindSafe(|| {
+        // Whether this thread is inside our own work, read once and only when needed: windowed
+        // sessions leave our own allocations out of their windows (see `busy`).
+        let mut busy = None;
         let (due, n) = with(|r| {
             let mut due = [std::ptr::null::<Session>(); MAX_DUE];
             let mut n = 0;
@@ -58,6 +61,9 @@ unsafe extern "C" fn on_newobj(_data: VALUE, arg: *mut rb_trace_arg_t) {
                     || session.is_dropped()
                     || !session.sampler.wants_hook(mode)
                 {
+                    continue;
+                }
+                if mode != Mode::Countdown && *busy.get_or_insert_with(busy::current_thread_busy) {
                     continue;
                 }
                 let tick = session.sampler.tick(mode);
@@ -83,7 +89,7 @@ unsafe extern "C" fn on_newobj(_data: VALUE, arg: *mut rb_trace_arg_t) {
         }
         // SAFETY: `arg` is the trace arg of the NEWOBJ event the VM is calling us for.
         let object = unsafe { rb_sys::rb_tracearg_object(arg) };
-        let busy = busy::current_thread_busy();
+        let busy = busy.unwrap_or_else(busy::current_thread_busy);
         for &session in &due[..n] {
             // SAFETY: the pointers were read from the list just now, where an `Arc` keeps each
             // session alive; only `prune` removes entries, and nothing in this hook runs it.

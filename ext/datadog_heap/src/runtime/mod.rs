@@ -26,7 +26,7 @@ use rb_sys::VALUE;
 
 use crate::gvl_cell::GvlCell;
 use crate::sampler::Mode;
-pub use busy::{guarded, not_busy};
+pub use busy::{guarded, not_busy, own_allocations};
 pub use jobs::request_commit;
 pub use session::Session;
 pub use windows::tick as window_tick;
@@ -146,7 +146,9 @@ pub fn start(session: &Arc<Session>, owner: VALUE) -> Result<(), StartRefused> {
         return Err(StartRefused::Disabled(reason));
     }
     if !session.is_running() {
-        session.sampler.prepare(session.config);
+        session
+            .sampler
+            .prepare(session.config, busy::program_allocations());
         // Sized here, not in the hook. Fails only while the state is borrowed, which no caller of
         // `start` does; the cache would then stay off (never wrong).
         let _ = session.core.reserve_stack_cache();

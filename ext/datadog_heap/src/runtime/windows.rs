@@ -68,7 +68,8 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
         }
         if let (Some(rate), Some(top)) = (rate_of(session), timer_rate) {
             if rate >= top || uniform() < rate / top {
-                session.sampler.open_window(session.config);
+                let now = super::busy::program_allocations();
+                session.sampler.open_window(session.config, now);
             }
         }
         std::hint::black_box(&owner);

@@ -8,7 +8,8 @@
 //!   hook is installed all the time, and with it CRuby sends every allocation down its slow path.
 //! - windowed: the hook is installed only for windows that a timer opens at random times. A window
 //!   covers the next `share * gap` allocations, where `gap` is how many the VM made since the
-//!   previous window closed (its own counter, `total_allocated_objects`) and `share` is
+//!   previous window closed (the VM's counter, `total_allocated_objects`, less the allocations of
+//!   our own work, which the hook does not count inside windows either) and `share` is
 //!   `m / (sample_every - m)`. Inside, a geometric countdown with mean `m` (`WINDOW_SAMPLE_EVERY`,
 //!   or half of a smaller `sample_every`) takes the samples, each weighted by its interval times
 //!   `(gap + window) / window`, so a window's samples stand for the gap before it as well:
@@ -71,7 +72,8 @@ pub struct SamplerState {
     frames: RefCell<Vec<VALUE>>,
     lines: RefCell<Vec<i32>>,
     window: Cell<Window>,
-    /// Windowed mode: the VM's allocation counter where the previous window ended.
+    /// Windowed mode: the program's allocation count (the VM's counter less our own allocations)
+    /// where the previous window ended.
     last_close: Cell<u64>,
     pub stats: RefCell<SamplerStats>,
 }
@@ -151,14 +153,14 @@ impl Default for SamplerState {
 
 impl SamplerState {
     /// Gets ready to sample: frame buffers, the first interval, and (windowed) a closed window
-    /// with the allocation counter to measure the first gap from. Needs the GVL; allocates (Rust
-    /// allocator), so never call it from the hook.
-    pub fn prepare(&self, config: SampleConfig) {
+    /// with the program's allocation count `now` to measure the first gap from. Needs the GVL;
+    /// allocates (Rust allocator), so never call it from the hook.
+    pub fn prepare(&self, config: SampleConfig, now: u64) {
         self.frames.borrow_mut().resize(MAX_FRAMES_LIMIT, 0);
         self.lines.borrow_mut().resize(MAX_FRAMES_LIMIT, 0);
         self.draw_interval(config.countdown_mean());
         self.window.set(Window::default());
-        self.last_close.set(shims::total_allocated_objects());
+        self.last_close.set(now);
     }
 
     /// Whether this session needs the NEWOBJ hook now.
@@ -169,15 +171,15 @@ impl SamplerState {
         }
     }
 
-    /// Windowed mode: opens a window over `share * gap` allocations, unless one is open. Needs the
-    /// GVL (called from the timer's tick, never from the hook).
-    pub fn open_window(&self, config: SampleConfig) {
+    /// Windowed mode: opens a window over `share * gap` allocations, unless one is open; `now` is
+    /// the program's allocation count. Needs the GVL (called from the timer's tick, never from the
+    /// hook).
+    pub fn open_window(&self, config: SampleConfig, now: u64) {
         let mut stats = self.stats.borrow_mut();
         if self.window.get().open {
             stats.windows_still_open += 1;
             return;
         }
-        let now = shims::total_allocated_objects();
         let gap = now.saturating_sub(self.last_close.get());
         let length = (gap as f64 * config.window_share()).round();
         let length = match length.is_finite() {
