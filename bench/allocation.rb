@@ -76,8 +76,8 @@ LABELS = {
   empty_hook: "empty NEWOBJ hook (VM floor)",
   hooks_only: "our hooks, never sampling",
   default: "default settings",
-  countdown: "countdown sampler (sample_every 1024)",
-  windowed: "windowed sampler (sample_every 1024)",
+  countdown: "countdown sampler (sample_every #{DatadogHeap::Recorder::SAMPLE_EVERY[:countdown]})",
+  windowed: "windowed sampler (sample_every #{DatadogHeap::Recorder::SAMPLE_EVERY[:windowed]})",
   every_1: "sample_every 1",
 }.freeze
 

@@ -146,7 +146,7 @@ RSpec.describe "windowed sampler" do
         o = Object.new
         keep << o if i.even?
       end
-      own = rec.stats[:sampler_own_allocations]
+      own = DatadogHeap::Testing._native_own_allocations
       [finish(rec)["Object"], keep.size, own]
     end
     estimate, truth, own = result

@@ -40,6 +40,11 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
         "_native_last_encode_released_gvl",
         function!(|rec: &Recorder| rec.session().last_encode_released_gvl(), 1),
     )?;
+    // Objects our own work allocated in this process (windowed estimates leave them out).
+    testing.define_singleton_method(
+        "_native_own_allocations",
+        function!(runtime::own_allocations, 0),
+    )?;
     // [NEWOBJ hook installed, GC-end hook installed, window timer rate or nil].
     testing.define_singleton_method("_native_hooks", function!(runtime::hook_state, 0))?;
     // How many sessions the runtime lists (running, or with work for a postponed job).

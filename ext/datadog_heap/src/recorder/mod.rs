@@ -346,8 +346,6 @@ fn stats_hash(ruby: &Ruby, session: &Session) -> Result<RHash, Error> {
         ("sampler_windows_opened", st.windows_opened),
         ("sampler_windows_still_open", st.windows_still_open),
         ("sampler_window_allocations", st.window_allocations),
-        // Process-wide: objects our own work allocated (left out of windowed estimates).
-        ("sampler_own_allocations", runtime::own_allocations()),
     ] {
         hash.aset(ruby.to_symbol(key), value)?;
     }
