@@ -320,10 +320,12 @@ impl ProfileUploader {
             })?;
             *slot = Some(Client { pid, inner });
         }
-        slot.as_ref().map(|c| &c.inner).ok_or_else(|| UploadFailure {
-            kind: FailureKind::Connection,
-            message: "no HTTP client".into(),
-        })
+        slot.as_ref()
+            .map(|c| &c.inner)
+            .ok_or_else(|| UploadFailure {
+                kind: FailureKind::Connection,
+                message: "no HTTP client".into(),
+            })
     }
 
     fn count_failure(&self, failure: &UploadFailure, profile: Option<&PendingUpload>) {
@@ -369,7 +371,10 @@ impl ProfileUploader {
             ),
             ("upload_dropped_rejected", get(&s.dropped_rejected)),
             ("upload_last_http_status", get(&s.last_http_status)),
-            ("upload_queue_length", StatValue::Count(self.queue_len() as u64)),
+            (
+                "upload_queue_length",
+                StatValue::Count(self.queue_len() as u64),
+            ),
         ];
         (counts, lock(&self.last_error).clone())
     }

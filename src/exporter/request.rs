@@ -56,7 +56,9 @@ fn invalid(name: &'static str, expected: &'static str, value: &str) -> HeapError
 }
 
 fn timeout_ms(timeout: Duration) -> u64 {
-    u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX).max(1)
+    u64::try_from(timeout.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 /// Each `key:value` tag as libdatadog's `Tag`; a tag it refuses is an `InvalidArgument`.
@@ -65,7 +67,9 @@ fn checked_tags(tags: &[String]) -> Result<Vec<Tag>> {
         .map(|tag| {
             let (mut parsed, error) = parse_tags(tag);
             match (parsed.len(), error) {
-                (1, None) => parsed.pop().ok_or_else(|| invalid("tags", "key:value", tag)),
+                (1, None) => parsed
+                    .pop()
+                    .ok_or_else(|| invalid("tags", "key:value", tag)),
                 _ => Err(invalid(
                     "tags",
                     "key:value tags without ',' or ' ', not starting or ending with ':'",
@@ -288,7 +292,13 @@ pub fn pyroscope_labels(tags: &[String]) -> String {
                 .collect();
             let value: String = value
                 .chars()
-                .map(|c| if matches!(c, ',' | '{' | '}' | '=') { '_' } else { c })
+                .map(|c| {
+                    if matches!(c, ',' | '{' | '}' | '=') {
+                        '_'
+                    } else {
+                        c
+                    }
+                })
                 .collect();
             format!("{key}={value}")
         })
@@ -321,10 +331,7 @@ mod tests {
             "novalue".to_string(),
             "k:{x=y}".to_string(),
         ];
-        assert_eq!(
-            pyroscope_labels(&tags),
-            "{env=prod,team_name=a_b,k=_x_y_}"
-        );
+        assert_eq!(pyroscope_labels(&tags), "{env=prod,team_name=a_b,k=_x_y_}");
         assert_eq!(pyroscope_labels(&[]), "{}");
     }
 

@@ -124,7 +124,11 @@ fn at(secs: u64) -> SystemTime {
 }
 
 fn profile(byte: u8) -> PendingUpload {
-    PendingUpload::new(vec![0x1f, 0x8b, byte, 1, 2, 3], at(1_700_000_000), at(1_700_000_060))
+    PendingUpload::new(
+        vec![0x1f, 0x8b, byte, 1, 2, 3],
+        at(1_700_000_000),
+        at(1_700_000_060),
+    )
 }
 
 fn stat(uploader: &ProfileUploader, name: &str) -> u64 {
@@ -164,7 +168,10 @@ fn parts(content_type: &str, body: &[u8]) -> Vec<(HashMap<String, String>, Vec<u
         out.push((headers, part[split + 4..].to_vec()));
     }
     let last = positions.last().expect("closing delimiter");
-    assert_eq!(&text[last + delimiter.len()..last + delimiter.len() + 2], b"--");
+    assert_eq!(
+        &text[last + delimiter.len()..last + delimiter.len() + 2],
+        b"--"
+    );
     out
 }
 
@@ -177,7 +184,9 @@ fn datadog_request_is_what_the_agent_intake_reads() {
     assert_eq!(outcome.sent, 1, "{outcome:?}");
     assert_eq!(outcome.failure, None);
 
-    let request = requests.recv_timeout(Duration::from_secs(5)).expect("request");
+    let request = requests
+        .recv_timeout(Duration::from_secs(5))
+        .expect("request");
     assert_eq!(request.method, "POST");
     assert_eq!(request.target, "/profiling/v1/input");
     assert_eq!(request.headers["dd-evp-origin"], "datadog_heap");
@@ -222,11 +231,16 @@ fn datadog_agent_over_a_unix_socket() {
             }
         }
     });
-    let uploader = agent(&format!("unix://{}", path.display()), Duration::from_secs(5));
+    let uploader = agent(
+        &format!("unix://{}", path.display()),
+        Duration::from_secs(5),
+    );
     uploader.enqueue(profile(5));
     let outcome = uploader.flush(&CancellationToken::new());
     assert_eq!(outcome.sent, 1, "{outcome:?}");
-    let request = requests.recv_timeout(Duration::from_secs(5)).expect("request");
+    let request = requests
+        .recv_timeout(Duration::from_secs(5))
+        .expect("request");
     assert_eq!(request.target, "/profiling/v1/input");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -251,7 +265,9 @@ fn pyroscope_request_is_an_ingest_of_pprof_with_labels() {
     let outcome = uploader.flush(&CancellationToken::new());
     assert_eq!(outcome.sent, 1, "{outcome:?}");
 
-    let request = requests.recv_timeout(Duration::from_secs(5)).expect("request");
+    let request = requests
+        .recv_timeout(Duration::from_secs(5))
+        .expect("request");
     assert_eq!(request.method, "POST");
     assert_eq!(
         request.target,
@@ -349,7 +365,10 @@ fn cancel_ends_a_hanging_request_and_keeps_the_profile() {
         canceller.cancel();
     });
     let outcome = uploader.flush(&token);
-    assert_eq!(outcome.failure.map(|f| f.kind), Some(FailureKind::Cancelled));
+    assert_eq!(
+        outcome.failure.map(|f| f.kind),
+        Some(FailureKind::Cancelled)
+    );
     assert!(began.elapsed() < Duration::from_secs(30));
     assert_eq!(uploader.queue_len(), 1);
     assert_eq!(stat(&uploader, "upload_failures_cancelled"), 1);
@@ -381,11 +400,20 @@ fn bad_configuration_is_an_invalid_argument() {
     let agent = |url: &str| Backend::DatadogAgent { url: url.into() };
     let second = Duration::from_secs(1);
     let cases = [
-        (config(agent("localhost:8126"), vec![], 4, second), "agent url"),
-        (config(agent("http://x"), vec!["x:".into()], 4, second), "tags"),
+        (
+            config(agent("localhost:8126"), vec![], 4, second),
+            "agent url",
+        ),
+        (
+            config(agent("http://x"), vec!["x:".into()], 4, second),
+            "tags",
+        ),
         (config(agent("http://x"), vec![], 0, second), "max_queue"),
         (config(agent("http://x"), vec![], 65, second), "max_queue"),
-        (config(agent("http://x"), vec![], 4, Duration::ZERO), "timeout"),
+        (
+            config(agent("http://x"), vec![], 4, Duration::ZERO),
+            "timeout",
+        ),
         (
             config(
                 Backend::Pyroscope {

@@ -34,8 +34,12 @@ pub struct Exporter {
 const GVL_RELEASE_ATTEMPTS: usize = 3;
 
 fn time_from_ns(name: &str, ns: i64, ruby: &Ruby) -> Result<SystemTime, Error> {
-    let ns = u64::try_from(ns)
-        .map_err(|_| arg_error(ruby, format!("{name} must be nanoseconds since the epoch >= 0, got {ns}")))?;
+    let ns = u64::try_from(ns).map_err(|_| {
+        arg_error(
+            ruby,
+            format!("{name} must be nanoseconds since the epoch >= 0, got {ns}"),
+        )
+    })?;
     Ok(UNIX_EPOCH + Duration::from_nanos(ns))
 }
 
