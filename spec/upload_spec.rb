@@ -349,6 +349,7 @@ RSpec.describe "uploading profiles" do
     let(:script) do
       path = File.join(dir, "app.rb")
       File.write(path, <<~RUBY)
+        require "json"
         kept = []
         deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + Float(ENV.fetch("APP_SECONDS", "1"))
         turns = 0
@@ -380,6 +381,23 @@ RSpec.describe "uploading profiles" do
       expect(DatadogHeap::Profile.parse(events.last[1]).top(1).first.location).to start_with("#{script}:")
       expect(out["stats"]).to include("upload_failures_connection" => 0, "upload_dropped_queue_full" => 0)
       expect(Dir.children(dir)).to eq(["app.rb"])
+    ensure
+      server&.stop
+    end
+
+    it "uploads from `datadog-heap run --upload`, beside the files and the report" do
+      server = IntakeServer.new
+      exe = File.expand_path("../exe/datadog-heap", __dir__)
+      out_dir = File.join(dir, "profiles")
+      out, err, status = Open3.capture3(env.merge("DATADOG_HEAP_UPLOAD" => nil, "RUBYOPT" => nil), RbConfig.ruby, "-I", lib,
+        exe, "run", "--out", out_dir, "--upload", server.url, "--", RbConfig.ruby, script, chdir: dir)
+      expect(status.exitstatus).to eq(0), err
+      expect(out).to include("1 profile in #{out_dir}")
+      expect(server.all_requests.map(&:path)).to eq(["/profiling/v1/input"])
+
+      _, err, status = Open3.capture3(RbConfig.ruby, "-I", lib, exe, "run", "--upload", "s3://x", "--", "true")
+      expect(status.exitstatus).to eq(2)
+      expect(err).to include("--upload must be agent")
     ensure
       server&.stop
     end
