@@ -6,6 +6,7 @@
 //! through the [`Vm`] trait, which the `datadog_heap` binding implements and the tests fake.
 
 pub mod error;
+pub mod exporter;
 pub mod lock;
 pub mod pprof;
 pub mod recorder;

@@ -14,6 +14,9 @@
 # - DATADOG_HEAP_SAMPLER: countdown or windowed (see Recorder). Default: the Recorder's.
 # - DATADOG_HEAP_SAMPLE_EVERY: the recorder's sample_every (an Integer >= 1). Default: the
 #   Recorder's.
+# - DATADOG_HEAP_UPLOAD: also (or, when DATADOG_HEAP_OUTPUT is unset, only) send each profile to
+#   a Datadog agent or a Pyroscope server, from the writer thread (see lib/datadog_heap/upload.rb);
+#   DATADOG_HEAP_INTERVAL then defaults to 60.
 #
 # At exit (after the program's own at_exit handlers), sampling stops, a GC runs and the final
 # profile is written. An invalid value gets one warning naming the variable, then its default; a
@@ -24,6 +27,7 @@
 require "fileutils"
 begin
   require "datadog_heap"
+  require "datadog_heap/upload"
 rescue ScriptError, StandardError => e
   warn "datadog_heap/auto: not profiling: #{e.class}: #{e.message}"
 end
@@ -37,6 +41,8 @@ module DatadogHeap
     ENV_SAMPLER = "DATADOG_HEAP_SAMPLER"
     # How long the exit handler waits for a write in progress in the writer thread.
     STOP_TIMEOUT = 10
+    # Seconds between two profiles when uploading and DATADOG_HEAP_INTERVAL is unset.
+    UPLOAD_INTERVAL = 60
     # What a failure here can raise. Not Interrupt, SignalException or SystemExit: those belong
     # to the program.
     FAILURES = [StandardError, ScriptError, NoMemoryError, SystemStackError].freeze
@@ -71,6 +77,9 @@ module DatadogHeap
     end
 
     class << self
+      # The DatadogHeap::Upload profiles go to, or nil.
+      attr_reader :upload
+
       # What the environment asked for: {output:, interval:, sample_every:}. Warns about each
       # invalid value and uses its default instead.
       def config(env = ENV)
@@ -83,6 +92,11 @@ module DatadogHeap
         config = config(env)
         @output = config[:output]
         @interval = config[:interval]
+        @upload = upload_from_env(env)
+        if @upload
+          @output = nil if env[ENV_OUTPUT].nil? || env[ENV_OUTPUT].empty?
+          @interval ||= UPLOAD_INTERVAL
+        end
         opts = config.slice(:sample_every, :sampler).compact
         # The writer thread first, so its own allocations are not sampled.
         start_writer
@@ -91,6 +105,7 @@ module DatadogHeap
         true
       rescue *FAILURES => e
         @output = nil
+        @upload = nil
         stop_writer
         warn "datadog_heap/auto: not profiling: #{e.class}: #{e.message}"
         false
@@ -111,11 +126,20 @@ module DatadogHeap
         nil
       end
 
+      # Writes and uploads one profile, as configured.
+      def publish
+        write if @output
+        @upload&.push(DatadogHeap.recorder)
+      rescue *FAILURES => e
+        warn "datadog_heap/auto: could not upload a profile: #{e.class}: #{e.message}"
+      end
+
       # In a forked child the writer thread is gone: start a new one, with new numbering.
       def after_fork
-        return unless @output
+        return unless @output || @upload
 
-        @output.after_fork
+        @output&.after_fork
+        @upload&.after_fork
         @failing = false
         start_writer
       rescue *FAILURES => e
@@ -123,6 +147,15 @@ module DatadogHeap
       end
 
       private
+
+      def upload_from_env(env)
+        return nil if env[DatadogHeap::Upload::ENV_UPLOAD].to_s.strip.empty?
+
+        DatadogHeap::Upload.from_env(env)
+      rescue *FAILURES => e
+        warn "datadog_heap/auto: not uploading: #{e.class}: #{e.message}"
+        nil
+      end
 
       def output(env)
         value = env[ENV_OUTPUT]
@@ -195,7 +228,7 @@ module DatadogHeap
           end
           break if @stopping
 
-          write
+          publish
         end
       rescue *FAILURES => e
         warn "datadog_heap/auto: periodic profiles stopped: #{e.class}: #{e.message}"
@@ -214,12 +247,12 @@ module DatadogHeap
 
       # The exit handler: stop the writer, stop sampling, collect what is dead, write.
       def finish
-        return unless @output
+        return unless @output || @upload
 
         stop_writer
         DatadogHeap.stop
         GC.start
-        write
+        publish
       rescue *FAILURES => e
         warn "datadog_heap/auto: no final profile: #{e.class}: #{e.message}"
       end

@@ -340,8 +340,8 @@ module DatadogHeap
 
     def run_parser(options)
       OptionParser.new do |p|
-        p.banner = "Usage: datadog-heap run [--out DIR] [--interval S] [--sample-every N] [--top N] [--group KIND] " \
-          "[--app-root DIR] -- CMD..."
+        p.banner = "Usage: datadog-heap run [--out DIR] [--interval S] [--sample-every N] [--upload TARGET] [--top N] " \
+          "[--group KIND] [--app-root DIR] -- CMD..."
         p.separator ""
         p.separator "Runs CMD (a Ruby program, or a command that starts one) with datadog_heap/auto loaded"
         p.separator "through RUBYOPT, waits for it, then prints the report of the last profile each process"
@@ -364,6 +364,16 @@ module DatadogHeap
           end
 
           options[:sample_every] = n
+        end
+        p.on("--upload TARGET", "also send each profile to TARGET: agent, an agent URL, or pyroscope:URL " \
+          "(DATADOG_HEAP_UPLOAD; see the README)") do |target|
+          require_relative "upload"
+          unless Upload.target(target, @env)
+            raise OptionParser::InvalidArgument, "--upload must be agent, an agent URL (http://, https://, unix://), " \
+              "pyroscope or pyroscope:URL, got #{target}"
+          end
+
+          options[:upload] = target
         end
         top_option(p, options)
         grouping_options(p, options)
@@ -413,6 +423,7 @@ module DatadogHeap
       env["RUBYOPT"] = rubyopt
       env["DATADOG_HEAP_INTERVAL"] = options[:interval]&.to_s
       env["DATADOG_HEAP_SAMPLE_EVERY"] = options[:sample_every]&.to_s
+      env["DATADOG_HEAP_UPLOAD"] = options[:upload] if options[:upload]
       env
     end
 

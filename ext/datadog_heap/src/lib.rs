@@ -6,7 +6,7 @@
 //! errors, gvl_cell, shims, weak_map, ruby_vm   raw C API calls, the WeakMap, the core's Vm trait
 //! sampler                                      per-session sampling state; the sampled path
 //! runtime                                      sessions, hooks, postponed jobs, busy set, fork
-//! recorder, profile_reader, testing            one module per Ruby class or module
+//! recorder, profile_reader, exporter, testing  one module per Ruby class or module
 //! lib.rs                                       `init`
 //! ```
 //!
@@ -16,6 +16,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod errors;
+mod exporter;
 mod gvl_cell;
 mod profile_reader;
 mod recorder;
@@ -61,6 +62,7 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
     runtime::init(ruby, module)?;
     recorder::init(ruby, module)?;
     profile_reader::init(ruby, module)?;
+    exporter::init(ruby, module)?;
     testing::init(ruby, module)?;
     module.define_singleton_method("_native_version", function!(native_version, 0))?;
     module.define_singleton_method("_native_after_fork_all", function!(after_fork_all, 0))?;

@@ -9,7 +9,7 @@
 
 mod args;
 mod live_objects;
-mod profile;
+pub(crate) mod profile;
 
 use std::sync::Arc;
 

@@ -2,7 +2,9 @@
 //! run with the GVL; building and compressing the profile runs without it, on data the snapshot
 //! owns, so other threads keep going and nothing a forked child could inherit is held meanwhile.
 
-use datadog_heap_core::{encode_profile, EncodeOptions};
+use std::time::SystemTime;
+
+use datadog_heap_core::{encode_profile, EncodeOptions, EncodedPprof};
 use magnus::{Error, RString, Ruby};
 
 use super::{with_session, Recorder};
@@ -12,6 +14,18 @@ use crate::shims::without_gvl;
 
 /// `profile` -> gzip pprof of the live objects.
 pub fn profile(ruby: &Ruby, rb_self: &Recorder) -> Result<RString, Error> {
+    let encoded = encode(ruby, rb_self, None, None)?;
+    Ok(ruby.str_from_slice(&encoded.bytes))
+}
+
+/// The live objects as a gzip pprof whose span is `start..end` (see `EncodeOptions`); what
+/// `profile` returns, and what the exporter uploads. Needs the GVL; releases it to encode.
+pub(crate) fn encode(
+    ruby: &Ruby,
+    rb_self: &Recorder,
+    start: Option<SystemTime>,
+    end: Option<SystemTime>,
+) -> Result<EncodedPprof, Error> {
     with_session(ruby, rb_self, |session| {
         let snapshot = session.with_vm(ruby, |vm| session.core.prepare_iteration(vm))?;
         // The snapshot owns all it reads: the recorder may update again while it is encoded.
@@ -19,7 +33,8 @@ pub fn profile(ruby: &Ruby, rb_self: &Recorder) -> Result<RString, Error> {
         let options = EncodeOptions {
             // A sample stands for `sample_every` allocations on average, with either sampler.
             sample_every: i64::try_from(session.config.sample_every).unwrap_or(i64::MAX),
-            ..EncodeOptions::default()
+            start,
+            end,
         };
         // Not busy meanwhile: other threads allocate while the GVL is released, and none of it is
         // our own work.
@@ -37,7 +52,6 @@ pub fn profile(ruby: &Ruby, rb_self: &Recorder) -> Result<RString, Error> {
         };
         session.set_last_encode_released_gvl(!gvl_held);
         finished.or_raise(ruby)?;
-        let encoded = encoded.or_raise(ruby)?;
-        Ok(ruby.str_from_slice(&encoded.bytes))
+        encoded.or_raise(ruby)
     })
 }
