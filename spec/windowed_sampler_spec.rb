@@ -25,11 +25,18 @@ RSpec.describe "windowed sampler" do
     rec.each_live_object.each_with_object(Hash.new(0)) { |o, h| h[o.locations.first[0]] += o.weight }
   end
 
-  # Relative error allowed for an estimate expected to rest on `samples` samples: 10%, or four
-  # standard deviations of a sampled count when that is wider (a site with few samples cannot be
-  # estimated closer, by any sampler).
-  def tolerance(samples)
+  # Relative error allowed for an estimate of `truth` objects sampled at `sample_every`: 10%, or
+  # four standard deviations when that is wider. A windowed sample weighs its geometric interval
+  # times its window's scale, so the estimate's variance is about twice that of `truth /
+  # sample_every` fixed-weight samples: the deviation counts half as many.
+  def tolerance(truth, sample_every)
+    samples = truth / (2.0 * sample_every)
     [0.10, 4.0 / Math.sqrt(samples)].max
+  end
+
+  def expect_estimate(estimate, truth, sample_every, what)
+    bound = tolerance(truth, sample_every) * truth
+    expect(estimate).to be_within(bound).of(truth), "#{what}: estimated #{estimate} for #{truth} (allowed +-#{bound.round})"
   end
 
   it "installs no object-space hook between windows, and none at all for GCs" do
@@ -108,8 +115,8 @@ RSpec.describe "windowed sampler" do
       end
       finish(rec).values_at("Array", "Hash", "String")
     end
-    [200_000, 50_000, 10_000].zip(result).each do |truth, estimate|
-      expect(estimate).to be_within(tolerance(truth / 64.0) * truth).of(truth)
+    %w[Array Hash String].zip([200_000, 50_000, 10_000], result).each do |what, truth, estimate|
+      expect_estimate(estimate, truth, 64, what)
     end
   end
 
@@ -128,11 +135,7 @@ RSpec.describe "windowed sampler" do
         [k, [finish(rec)["Object"], keep.size]]
       end
     end
-    result.each do |k, (estimate, truth)|
-      # Weights are intervals times window scales, so the estimate's variance is about twice a
-      # fixed-weight sampler's: the tolerance counts half as many samples.
-      expect(estimate).to be_within(tolerance(truth / 32.0) * truth).of(truth), "K=#{k}: #{estimate} for #{truth}"
-    end
+    result.each { |k, (estimate, truth)| expect_estimate(estimate, truth, 16, "K=#{k}") }
   end
 
   it "leaves the allocations of its own work out of the gaps it weighs", :heavy do
@@ -169,8 +172,8 @@ RSpec.describe "windowed sampler" do
       [counts["Array"], fast.size, counts["String"], slow.size]
     end
     fast_estimate, fast, slow_estimate, slow = result
-    expect(fast_estimate).to be_within(tolerance(fast / 64.0) * fast).of(fast)
-    expect(slow_estimate).to be_within(tolerance(slow / 64.0) * slow).of(slow)
+    expect_estimate(fast_estimate, fast, 64, "fast phase")
+    expect_estimate(slow_estimate, slow, 64, "slow phase")
   end
 
   it "stops its timer with the last recorder, and a forked child starts its own" do
