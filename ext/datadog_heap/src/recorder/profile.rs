@@ -2,7 +2,8 @@
 //! run with the GVL; building and compressing the profile runs without it, on data the snapshot
 //! owns, so other threads keep going and nothing a forked child could inherit is held meanwhile.
 
-use datadog_heap_core::{encode_profile, EncodeOptions};
+use datadog_heap_core::pprof::{encode_profile_retained, RetainedBy};
+use datadog_heap_core::EncodeOptions;
 use magnus::{Error, RString, Ruby};
 
 use super::{with_session, Recorder};
@@ -11,6 +12,20 @@ use crate::shims::without_gvl;
 
 /// `profile` -> gzip pprof of the live objects.
 pub fn profile(ruby: &Ruby, rb_self: &Recorder) -> Result<RString, Error> {
+    encode(ruby, rb_self, &RetainedBy::new())
+}
+
+/// `_native_profile_retained([[record_id, path], ...])`: `profile`, with a `retained by` label
+/// on those objects (Recorder#profile(retainers: ...)).
+pub fn profile_retained(
+    ruby: &Ruby,
+    rb_self: &Recorder,
+    paths: Vec<(i64, String)>,
+) -> Result<RString, Error> {
+    encode(ruby, rb_self, &paths.into_iter().collect())
+}
+
+fn encode(ruby: &Ruby, rb_self: &Recorder, retained_by: &RetainedBy) -> Result<RString, Error> {
     with_session(ruby, rb_self, |session| {
         let snapshot = session.with_vm(ruby, |vm| session.core.prepare_iteration(vm))?;
         // The snapshot owns all it reads: the recorder may update again while it is encoded.
@@ -20,7 +35,12 @@ pub fn profile(ruby: &Ruby, rb_self: &Recorder) -> Result<RString, Error> {
             sample_every: i64::try_from(session.config.sample_every).unwrap_or(i64::MAX),
             ..EncodeOptions::default()
         };
-        let encoded = without_gvl(|gvl_held| (encode_profile(&snapshot, &options), gvl_held));
+        let encoded = without_gvl(|gvl_held| {
+            (
+                encode_profile_retained(&snapshot, &options, retained_by),
+                gvl_held,
+            )
+        });
         let (encoded, gvl_held) = match encoded? {
             Some(result) => result,
             None => {
