@@ -199,13 +199,26 @@ RSpec.describe "DatadogHeap::Recorder#retainers" do
     $datadog_heap_spec_registry = nil
     gcs = GC.count
     result = @rec.retainers(top: 50, max_depth: 10_000)
-    object = retained(result, "cycle")
+    sites = result.sites.select { |s| s.location == "/spec/cycle.rb:6" }
+    if sites.empty?
+      # A GC (any allocation under GC.stress) collected it before the search's update.
+      expect(GC.count).to be > gcs
+      next
+    end
+    object = sites.first.objects.first
     expect(object).not_to be_alive
     expect(object.path).to be_nil
-    # Unless a GC ran meanwhile (and collected it), the search saw all the roots reach.
-    expect(object.status).to eq(:unreachable), result.to_s if GC.count == gcs && result.stopped.nil?
-    expect(%i[unreachable collected]).to include(object.status)
-    expect(result.to_s).to include("unreachable from every root").or include("collected")
+    if object.status == :collected
+      expect(GC.count).to be > gcs
+    elsif result.stopped.nil? && !result.depth_cut
+      # The search saw everything the roots reach, and this was not in it.
+      expect(object.status).to eq(:unreachable), result.to_s
+      expect(result.to_s).to include("unreachable from every root")
+    else
+      # Another spec left a chain deeper than max_depth in the heap: only "not found" can be said.
+      expect(object.status).to eq(:not_found), result.to_s
+      expect(result.limit_note).not_to be_nil
+    end
   end
 
   it "names the ivars of a BasicObject, and of objects whose methods lie or raise" do

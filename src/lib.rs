@@ -31,8 +31,8 @@ pub use recorder::{
     MAX_PENDING_RECORDINGS,
 };
 pub use retainers::{
-    find_root_paths, pick_targets, retained_by_sites, HeapGraph, RetainedRow, RootPath, SearchLimits, SearchOutcome, Stop,
-    TargetObject, TargetSite,
+    find_root_paths, pick_targets, retained_by_sites, HeapGraph, RetainedRow, RootPath,
+    SearchLimits, SearchOutcome, Stop, TargetObject, TargetSite,
 };
 pub use stack::{truncation, Frame, RawFrame, Stack};
 pub use stack_cache::{FrameSource, RawStackKey, STACK_CACHE_SLOTS};

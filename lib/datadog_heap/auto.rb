@@ -35,6 +35,8 @@ module DatadogHeap
     ENV_INTERVAL = "DATADOG_HEAP_INTERVAL"
     ENV_SAMPLE_EVERY = "DATADOG_HEAP_SAMPLE_EVERY"
     ENV_SAMPLER = "DATADOG_HEAP_SAMPLER"
+    # "1": every profile carries retainer paths (Recorder#profile(retainers: true)).
+    ENV_RETAINERS = "DATADOG_HEAP_RETAINERS"
     # How long the exit handler waits for a write in progress in the writer thread.
     STOP_TIMEOUT = 10
     # What a failure here can raise. Not Interrupt, SignalException or SystemExit: those belong
@@ -83,6 +85,7 @@ module DatadogHeap
         config = config(env)
         @output = config[:output]
         @interval = config[:interval]
+        @retainers = env[ENV_RETAINERS] == "1"
         opts = config.slice(:sample_every, :sampler).compact
         # The writer thread first, so its own allocations are not sampled.
         start_writer
@@ -101,7 +104,7 @@ module DatadogHeap
         path = @output.next_path
         @output.prepare if @failing || !@prepared
         @prepared = true
-        DatadogHeap.write_profile(path)
+        @retainers ? DatadogHeap.recorder.write_profile(path, retainers: true) : DatadogHeap.write_profile(path)
         @failing = false
         path
       rescue *FAILURES => e

@@ -21,8 +21,8 @@ use crate::stack::{Frame, Stack};
 use crate::strings::StringId;
 
 use super::{
-    CLASS_LABEL, GEN_AGE_LABEL, RETAINED_BY_LABEL, LIVE_SAMPLES_TYPE, LIVE_SAMPLES_UNIT, LIVE_SIZE_TYPE,
-    LIVE_SIZE_UNIT, PERIOD_TYPE, PERIOD_UNIT,
+    CLASS_LABEL, GEN_AGE_LABEL, LIVE_SAMPLES_TYPE, LIVE_SAMPLES_UNIT, LIVE_SIZE_TYPE,
+    LIVE_SIZE_UNIT, PERIOD_TYPE, PERIOD_UNIT, RETAINED_BY_LABEL,
 };
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
@@ -135,8 +135,7 @@ fn build_profile(
     let mut stacks: Vec<Stack> = Vec::new();
     let mut stack_index: FxMap<Stack, usize> = FxMap::default();
     let mut aggregates: Vec<Aggregate> = Vec::new();
-    let mut aggregate_index: FxMap<(usize, StringId, u64, Option<usize>), usize> =
-        FxMap::default();
+    let mut aggregate_index: FxMap<(usize, StringId, u64, Option<usize>), usize> = FxMap::default();
     let mut objects = 0usize;
     let mut paths: Vec<&str> = Vec::new();
     let mut path_index: FxMap<&str, usize> = FxMap::default();
@@ -223,10 +222,9 @@ fn build_profile(
                 num: i64::try_from(a.gen_age).unwrap_or(i64::MAX),
                 ..Default::default()
             });
-            if let (Some(key), Some(&str)) = (
-                retained_key,
-                a.retained.and_then(|r| path_strings.get(r)),
-            ) {
+            if let (Some(key), Some(&str)) =
+                (retained_key, a.retained.and_then(|r| path_strings.get(r)))
+            {
                 labels.push(pb::Label {
                     key,
                     str,

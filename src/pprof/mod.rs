@@ -28,7 +28,9 @@ mod summary;
 #[cfg(test)]
 mod tests;
 
-pub use encode::{encode_profile, encode_profile_retained, EncodeOptions, EncodedPprof, RetainedBy};
+pub use encode::{
+    encode_profile, encode_profile_retained, EncodeOptions, EncodedPprof, RetainedBy,
+};
 pub use read::{read_profile, ProfileData, SampleData, SampleType, SourceFrame, MAX_DECODED_BYTES};
 pub use summary::{
     diff_sites, diff_sites_with, is_app_frame, library_of, merge_profiles, row_key, top_sites,

@@ -32,9 +32,8 @@ pub fn retained_by_sites(
     }
     let objects_at = profile.objects_index();
     let bytes_at = profile.bytes_index();
-    let value = |values: &[i64], at: Option<usize>| {
-        at.and_then(|i| values.get(i)).copied().unwrap_or(0)
-    };
+    let value =
+        |values: &[i64], at: Option<usize>| at.and_then(|i| values.get(i)).copied().unwrap_or(0);
     let mut rows: Vec<Vec<RetainedRow>> = vec![Vec::new(); sites.len()];
     let mut index: FxMap<(usize, &str), usize> = FxMap::default();
     for sample in &profile.samples {
@@ -57,7 +56,9 @@ pub fn retained_by_sites(
             list.len() - 1
         });
         if let Some(row) = list.get_mut(at) {
-            row.objects = row.objects.saturating_add(value(&sample.values, objects_at));
+            row.objects = row
+                .objects
+                .saturating_add(value(&sample.values, objects_at));
             row.bytes = row.bytes.saturating_add(value(&sample.values, bytes_at));
         }
     }

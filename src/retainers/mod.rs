@@ -11,8 +11,8 @@ mod targets;
 #[cfg(test)]
 mod tests;
 
+pub use labels::{retained_by_sites, RetainedRow};
 pub use search::{
     find_root_paths, HeapGraph, RootPath, SearchLimits, SearchOutcome, Stop, TIME_CHECK_EVERY,
 };
-pub use labels::{retained_by_sites, RetainedRow};
 pub use targets::{pick_targets, TargetObject, TargetSite};

@@ -154,7 +154,10 @@ impl Search<'_> {
         }
         nodes.reverse();
         Some(RootPath {
-            category: categories.get(category as usize).cloned().unwrap_or_default(),
+            category: categories
+                .get(category as usize)
+                .cloned()
+                .unwrap_or_default(),
             nodes,
         })
     }

@@ -64,7 +64,10 @@ fn finds_a_shortest_path_from_any_root() {
     heap.edge(1, 2).edge(2, 3).edge(3, 4).edge(4, 99);
     heap.edge(10, 11).edge(11, 99);
     let outcome = find_root_paths(&mut heap, &[99], &limits());
-    assert_eq!(nodes(&outcome, 0), Some(("global_tbl".into(), vec![10, 11, 99])));
+    assert_eq!(
+        nodes(&outcome, 0),
+        Some(("global_tbl".into(), vec![10, 11, 99]))
+    );
     assert!(outcome.stopped.is_none());
 }
 
@@ -170,7 +173,11 @@ fn the_time_budget_stops_the_search() {
     let outcome = find_root_paths(&mut heap, &[199_999], &l);
     assert_eq!(outcome.stopped, Some(Stop::TimeBudget));
     assert_eq!(outcome.paths[0], None);
-    assert!(outcome.visited <= TIME_CHECK_EVERY + 1, "{}", outcome.visited);
+    assert!(
+        outcome.visited <= TIME_CHECK_EVERY + 1,
+        "{}",
+        outcome.visited
+    );
 }
 
 fn record(rec: &HeapRecorder, vm: &mut FakeVm, file: &str, line: i32, size: usize, class: &str) {

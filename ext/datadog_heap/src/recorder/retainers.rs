@@ -17,8 +17,7 @@
 use std::time::Duration;
 
 use datadog_heap_core::{
-    find_root_paths, pick_targets, AppRoot, GroupBy, HeapGraph, SearchLimits, SiteOptions,
-    SortBy,
+    find_root_paths, pick_targets, AppRoot, GroupBy, HeapGraph, SearchLimits, SiteOptions, SortBy,
 };
 use magnus::{
     rb_sys::{AsRawValue, FromRawValue},
@@ -108,6 +107,10 @@ pub fn retainer_targets(
     })
 }
 
+/// A path found, once its objects are in `holder`: the root category, where its first object
+/// sits in `holder`, and for each node the description of an internal one (its slot skipped).
+type PathLayout = (String, usize, Vec<Option<String>>);
+
 /// The VM's heap for the core's search. Needs the GVL; allocates no Ruby object.
 struct VmHeap {
     weak_map_class: VALUE,
@@ -117,13 +120,13 @@ impl HeapGraph for VmHeap {
     fn roots(&mut self, visit: &mut dyn FnMut(&str, u64)) {
         objspace::reachable_from_roots(&mut |category, object| {
             if category != CALLER_MACHINE_STACK {
-                visit(category, object as u64);
+                visit(category, object);
             }
         });
     }
 
     fn children(&mut self, node: u64, visit: &mut dyn FnMut(u64)) {
-        objspace::reachable_from(node as VALUE, &mut |child| visit(child as u64));
+        objspace::reachable_from(node as VALUE, &mut |child| visit(child));
     }
 
     fn is_weak(&mut self, node: u64) -> bool {
@@ -164,7 +167,10 @@ pub fn retainer_paths(
         if max_visited == 0 || max_visited > u32::MAX as usize - 1 {
             return Err(arg_error(
                 ruby,
-                format!("max_visited must be between 1 and {}, got {max_visited}", u32::MAX - 1),
+                format!(
+                    "max_visited must be between 1 and {}, got {max_visited}",
+                    u32::MAX - 1
+                ),
             ));
         }
         if !(time_budget.is_finite() && time_budget > 0.0) {
@@ -191,7 +197,7 @@ pub fn retainer_paths(
         // From here to the end of the search no Ruby object is made.
         let gc_before = shims::gc_count();
         let targets: Vec<u64> = (0..holder.len())
-            .map(|i| holder.entry::<Value>(i as isize).map(|v| v.as_raw() as u64))
+            .map(|i| holder.entry::<Value>(i as isize).map(|v| v.as_raw()))
             .collect::<Result<_, _>>()?;
         let mut heap = VmHeap {
             weak_map_class: objspace::raw_class(map.as_raw()),
@@ -205,7 +211,7 @@ pub fn retainer_paths(
         drop(targets);
         // Each path's objects into `holder` (internal ones described instead), still without
         // making an object: `holder` has room for them all.
-        let mut layouts: Vec<Option<(String, usize, Vec<Option<String>>)>> = Vec::new();
+        let mut layouts: Vec<Option<PathLayout>> = Vec::new();
         for path in &outcome.paths {
             let Some(path) = path else {
                 layouts.push(None);
