@@ -108,6 +108,7 @@ end
 
 require_relative "datadog_heap/recorder"
 require_relative "datadog_heap/profile"
+require_relative "datadog_heap/retainers"
 
 Process.singleton_class.prepend(DatadogHeap::ForkHook)
 # Registered first, so it runs after every at_exit handler the program registers: profiles written

@@ -10,6 +10,7 @@ pub mod exporter;
 pub mod lock;
 pub mod pprof;
 pub mod recorder;
+pub mod retainers;
 pub mod stack;
 pub mod stack_cache;
 pub mod stats;
@@ -29,6 +30,10 @@ pub use recorder::{
     CommitOutcome, HeapRecorder, LiveObject, LiveObjectData, Names, RecordOutcome, Recorded,
     RecorderOptions, Snapshot, UpdateKind, UpdateOutcome, DEFAULT_MAX_TRACKED_OBJECTS,
     MAX_PENDING_RECORDINGS,
+};
+pub use retainers::{
+    find_root_paths, pick_targets, retained_by_sites, HeapGraph, RetainedRow, RootPath,
+    SearchLimits, SearchOutcome, Stop, TargetObject, TargetSite,
 };
 pub use stack::{truncation, Frame, RawFrame, Stack};
 pub use stack_cache::{FrameSource, RawStackKey, STACK_CACHE_SLOTS};

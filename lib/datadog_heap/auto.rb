@@ -39,6 +39,8 @@ module DatadogHeap
     ENV_INTERVAL = "DATADOG_HEAP_INTERVAL"
     ENV_SAMPLE_EVERY = "DATADOG_HEAP_SAMPLE_EVERY"
     ENV_SAMPLER = "DATADOG_HEAP_SAMPLER"
+    # "1": every profile carries retainer paths (Recorder#profile(retainers: true)).
+    ENV_RETAINERS = "DATADOG_HEAP_RETAINERS"
     # How long the exit handler waits for a write in progress in the writer thread.
     STOP_TIMEOUT = 10
     # Seconds between two profiles when uploading and DATADOG_HEAP_INTERVAL is unset.
@@ -97,6 +99,7 @@ module DatadogHeap
           @output = nil if env[ENV_OUTPUT].nil? || env[ENV_OUTPUT].empty?
           @interval ||= UPLOAD_INTERVAL
         end
+        @retainers = env[ENV_RETAINERS] == "1"
         opts = config.slice(:sample_every, :sampler).compact
         # The writer thread first, so its own allocations are not sampled.
         start_writer
@@ -116,7 +119,7 @@ module DatadogHeap
         path = @output.next_path
         @output.prepare if @failing || !@prepared
         @prepared = true
-        DatadogHeap.write_profile(path)
+        @retainers ? DatadogHeap.recorder.write_profile(path, retainers: true) : DatadogHeap.write_profile(path)
         @failing = false
         path
       rescue *FAILURES => e

@@ -5,6 +5,7 @@ require "fileutils"
 require "rbconfig"
 require "tmpdir"
 require "datadog_heap"
+require_relative "cli/why"
 
 module DatadogHeap
   # `datadog-heap`: reports on pprof heap profiles and profiles Ruby programs (exe/datadog-heap).
@@ -14,6 +15,8 @@ module DatadogHeap
   # Exit codes: 0 ok, 1 error (unreadable profile, command that cannot start...), 2 usage. `run`
   # exits with the status of the program it ran. Errors go to stderr, without a backtrace.
   class CLI
+    include Why
+
     EXIT_OK = 0
     EXIT_ERROR = 1
     EXIT_USAGE = 2
@@ -27,6 +30,7 @@ module DatadogHeap
     COMMANDS = {
       "report" => "top allocation sites of a profile: live bytes, objects, class, age",
       "diff" => "sites whose live size grew between two profiles (leak hunting)",
+      "why" => "what keeps the top sites' objects alive: retainer paths from GC roots",
       "run" => "run a Ruby program with datadog_heap/auto, then report its last profile",
       "help" => "help on a command",
     }.freeze
@@ -53,7 +57,7 @@ module DatadogHeap
         EXIT_OK
       when "help"
         help(argv)
-      when "report", "diff", "run"
+      when "report", "diff", "run", "why"
         send(:"#{command}_command", argv)
       else
         raise UsageError, "unknown command #{command.inspect}"
@@ -163,6 +167,7 @@ module DatadogHeap
           options[:by] = key.to_sym
         end
         grouping_options(p, options)
+        p.on("--why", "also print each site's retainer paths (see `datadog-heap why`)") { options[:why] = true }
         common_options(p, options)
       end
     end
@@ -221,6 +226,7 @@ module DatadogHeap
       headers += ["median age", noun]
       headers << "called from" if callers
       @out.puts(table(headers, rows, "rrr#{"l" if kind == :site}rll"))
+      why_section(profile, options) if options[:why]
     end
 
     def plural_noun(noun)

@@ -23,7 +23,8 @@ module DatadogHeap
   class Profile
     # One pprof sample. `values` follow `sample_types`; `objects` and `bytes` pick the live-object
     # count and the live bytes out of them (`bytes` is nil when the profile has no sizes).
-    Sample = Struct.new(:locations, :values, :class_name, :gen_age, :objects, :bytes)
+    # `retained_by` is the sample's `retained by` label (see Recorder#retainers), or nil.
+    Sample = Struct.new(:locations, :values, :class_name, :gen_age, :objects, :bytes, :retained_by)
 
     # An allocation site (or group of them, with `group:`). `label` is what it stands for, as the CLI
     # prints it: "file:line in method" (plus " via callee" for a site), the file, the library or
@@ -176,8 +177,9 @@ module DatadogHeap
     def samples
       objects_at = info[:objects_index]
       bytes_at = info[:bytes_index]
-      @samples ||= _native_samples.map do |locations, values, class_name, gen_age|
-        Sample.new(locations, values, class_name, gen_age, objects_at && values[objects_at], bytes_at && values[bytes_at])
+      @samples ||= _native_samples.map do |locations, values, class_name, gen_age, retained_by|
+        Sample.new(locations, values, class_name, gen_age, objects_at && values[objects_at], bytes_at && values[bytes_at],
+          retained_by)
       end.freeze
     end
 
@@ -197,6 +199,21 @@ module DatadogHeap
 
       group, roots = grouping(options)
       _native_top(n, sizes? && by == :size ? "size" : "count", group, roots).map { |row| Site.new(*row) }
+    end
+
+    # #top's sites, each with the `retained by` labels of its samples summed, the most bytes first:
+    # `[[site, [[path, live_objects, live_bytes], ...]], ...]` (see Recorder#retainers). Sites
+    # whose samples carry no label have an empty list. Takes #top's arguments.
+    def top_retained(n = 10, **options)
+      sites = top(n, **options)
+      group, roots = grouping(options)
+      by = options.fetch(:by, :size)
+      sites.zip(_native_retained_by(n, sizes? && by == :size ? "size" : "count", group, roots))
+    end
+
+    # Whether any sample carries a `retained by` label.
+    def retained_by?
+      samples.any?(&:retained_by)
     end
 
     # The sites of this profile (the old one) and `other` (the new one), the largest growth in

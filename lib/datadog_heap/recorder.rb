@@ -100,10 +100,11 @@ module DatadogHeap
 
     # Writes `profile` (gzip pprof) to `path` atomically: a temporary file, then a rename.
     # `path` is a String, a Pathname or another object with to_path (as File.open takes them; not
-    # an IO: write `profile` to it instead). Returns the path as a String.
-    def write_profile(path)
+    # an IO: write `profile` to it instead). Returns the path as a String. `retainers:` as for
+    # #profile (lib/datadog_heap/retainers.rb).
+    def write_profile(path, retainers: nil)
       path = Validate.path!(:path, path)
-      data = profile
+      data = retainers ? profile(retainers: retainers) : profile
       tmp = "#{path}.tmp-#{Process.pid}"
       File.binwrite(tmp, data)
       File.rename(tmp, path)

@@ -22,7 +22,7 @@ use crate::strings::StringId;
 
 use super::{
     CLASS_LABEL, GEN_AGE_LABEL, LIVE_SAMPLES_TYPE, LIVE_SAMPLES_UNIT, LIVE_SIZE_TYPE,
-    LIVE_SIZE_UNIT, PERIOD_TYPE, PERIOD_UNIT,
+    LIVE_SIZE_UNIT, PERIOD_TYPE, PERIOD_UNIT, RETAINED_BY_LABEL,
 };
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
@@ -69,9 +69,22 @@ pub struct EncodedPprof {
     pub uncompressed_len: usize,
 }
 
+/// Retainer paths by record id: the `retained by` label of those objects' samples.
+pub type RetainedBy = HashMap<i64, String>;
+
 /// Encodes the live objects of `snapshot` (those of age >= 1) as a gzip pprof; see the module
 /// docs of [`crate::pprof`] for what it contains. Needs no GVL (see this file's contract).
 pub fn encode_profile(snapshot: &Snapshot, options: &EncodeOptions) -> Result<EncodedPprof> {
+    encode_profile_retained(snapshot, options, &RetainedBy::new())
+}
+
+/// [`encode_profile`], with a `retained by` label on the objects `retained_by` names: each such
+/// object's sample is shared only with objects of the same stack, class, age and path.
+pub fn encode_profile_retained(
+    snapshot: &Snapshot,
+    options: &EncodeOptions,
+    retained_by: &RetainedBy,
+) -> Result<EncodedPprof> {
     if options.sample_every < 1 {
         return Err(HeapError::InvalidArgument {
             name: "sample_every",
@@ -79,7 +92,7 @@ pub fn encode_profile(snapshot: &Snapshot, options: &EncodeOptions) -> Result<En
             value: options.sample_every.to_string(),
         });
     }
-    let (raw, mut encoded) = encode_uncompressed(snapshot, options)?;
+    let (raw, mut encoded) = encode_uncompressed(snapshot, options, retained_by)?;
     encoded.bytes = gzip(&raw, GZIP_LEVEL)?;
     Ok(encoded)
 }
@@ -88,8 +101,9 @@ pub fn encode_profile(snapshot: &Snapshot, options: &EncodeOptions) -> Result<En
 pub(super) fn encode_uncompressed(
     snapshot: &Snapshot,
     options: &EncodeOptions,
+    retained_by: &RetainedBy,
 ) -> Result<(Vec<u8>, EncodedPprof)> {
-    let (profile, objects) = build_profile(snapshot, options)?;
+    let (profile, objects) = build_profile(snapshot, options, retained_by)?;
     let raw = profile.encode_to_vec();
     let encoded = EncodedPprof {
         bytes: Vec::new(),
@@ -102,21 +116,29 @@ pub(super) fn encode_uncompressed(
     Ok((raw, encoded))
 }
 
-/// Live objects that share a stack, a class and an age, summed.
+/// Live objects that share a stack, a class, an age and a retainer path, summed.
 struct Aggregate {
     stack: usize,
     class: StringId,
     gen_age: u64,
+    /// The `retained by` text, if any (a key of `retained_by`'s values, borrowed).
+    retained: Option<usize>,
     objects: i64,
     bytes: i64,
 }
 
-fn build_profile(snapshot: &Snapshot, options: &EncodeOptions) -> Result<(pb::Profile, usize)> {
+fn build_profile(
+    snapshot: &Snapshot,
+    options: &EncodeOptions,
+    retained_by: &RetainedBy,
+) -> Result<(pb::Profile, usize)> {
     let mut stacks: Vec<Stack> = Vec::new();
     let mut stack_index: FxMap<Stack, usize> = FxMap::default();
     let mut aggregates: Vec<Aggregate> = Vec::new();
-    let mut aggregate_index: FxMap<(usize, StringId, u64), usize> = FxMap::default();
+    let mut aggregate_index: FxMap<(usize, StringId, u64, Option<usize>), usize> = FxMap::default();
     let mut objects = 0usize;
+    let mut paths: Vec<&str> = Vec::new();
+    let mut path_index: FxMap<&str, usize> = FxMap::default();
 
     snapshot.for_each_live(|object| {
         objects += 1;
@@ -125,12 +147,19 @@ fn build_profile(snapshot: &Snapshot, options: &EncodeOptions) -> Result<(pb::Pr
             stacks.len() - 1
         });
         let data = &object.data;
-        let key = (stack, data.class, data.gen_age);
+        let retained = retained_by.get(&object.record_id).map(|path| {
+            *path_index.entry(path.as_str()).or_insert_with(|| {
+                paths.push(path.as_str());
+                paths.len() - 1
+            })
+        });
+        let key = (stack, data.class, data.gen_age, retained);
         let slot = *aggregate_index.entry(key).or_insert_with(|| {
             aggregates.push(Aggregate {
                 stack,
                 class: data.class,
                 gen_age: data.gen_age,
+                retained,
                 objects: 0,
                 bytes: 0,
             });
@@ -146,8 +175,9 @@ fn build_profile(snapshot: &Snapshot, options: &EncodeOptions) -> Result<(pb::Pr
     });
     drop(stack_index);
     drop(aggregate_index);
+    drop(path_index);
     // Samples of one stack side by side: their location lists repeat, which gzip compresses well.
-    aggregates.sort_unstable_by_key(|a| (a.stack, a.class, a.gen_age));
+    aggregates.sort_unstable_by_key(|a| (a.stack, a.class, a.gen_age, a.retained));
 
     let mut strings = StringTable::new();
     let mut tables = LocationTables::default();
@@ -171,10 +201,15 @@ fn build_profile(snapshot: &Snapshot, options: &EncodeOptions) -> Result<(pb::Pr
     }
     let class_key = strings.fixed(CLASS_LABEL);
     let gen_age_key = strings.fixed(GEN_AGE_LABEL);
+    let retained_key = (!paths.is_empty()).then(|| strings.fixed(RETAINED_BY_LABEL));
+    let path_strings: Vec<i64> = paths
+        .iter()
+        .map(|p| strings.push((*p).to_owned()))
+        .collect();
     let samples = aggregates
         .iter()
         .map(|a| {
-            let mut labels = Vec::with_capacity(2);
+            let mut labels = Vec::with_capacity(3);
             if a.class != 0 {
                 labels.push(pb::Label {
                     key: class_key,
@@ -187,6 +222,15 @@ fn build_profile(snapshot: &Snapshot, options: &EncodeOptions) -> Result<(pb::Pr
                 num: i64::try_from(a.gen_age).unwrap_or(i64::MAX),
                 ..Default::default()
             });
+            if let (Some(key), Some(&str)) =
+                (retained_key, a.retained.and_then(|r| path_strings.get(r)))
+            {
+                labels.push(pb::Label {
+                    key,
+                    str,
+                    ..Default::default()
+                });
+            }
             let mut values = vec![a.objects];
             if snapshot.size_enabled() {
                 values.push(a.bytes);

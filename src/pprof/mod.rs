@@ -9,7 +9,8 @@
 //!   share them of `weight` and `weight * size`. Objects that agree on all three are
 //!   indistinguishable to any pprof tool, so they are written once with summed values (as
 //!   libdatadog does) instead of once each: same totals, smaller file;
-//! - labels `allocation class` (string; absent when the class is unknown) and `gc gen age` (number);
+//! - labels `allocation class` (string; absent when the class is unknown) and `gc gen age` (number),
+//!   and `retained by` (string) on the objects a retainer search named a path for;
 //! - locations and functions shared by every stack that contains them.
 //!
 //! The encoder writes the protobuf itself (with the message types of `libdd-profiling-protobuf`)
@@ -27,10 +28,12 @@ mod summary;
 #[cfg(test)]
 mod tests;
 
-pub use encode::{encode_profile, EncodeOptions, EncodedPprof};
+pub use encode::{
+    encode_profile, encode_profile_retained, EncodeOptions, EncodedPprof, RetainedBy,
+};
 pub use read::{read_profile, ProfileData, SampleData, SampleType, SourceFrame, MAX_DECODED_BYTES};
 pub use summary::{
-    diff_sites, diff_sites_with, is_app_frame, library_of, merge_profiles, top_sites,
+    diff_sites, diff_sites_with, is_app_frame, library_of, merge_profiles, row_key, top_sites,
     top_sites_with, AppRoot, GroupBy, Site, SiteDiff, SiteOptions, SortBy,
 };
 
@@ -46,3 +49,6 @@ pub const PERIOD_UNIT: &str = "count";
 pub const CLASS_LABEL: &str = "allocation class";
 /// Number label: how many GCs the object has survived.
 pub const GEN_AGE_LABEL: &str = "gc gen age";
+/// String label, on samples a retainer search was asked for: what keeps the objects alive, a
+/// chain of references from a GC root (`constant Foo::BAR (Hash) -> [:k] (String)`).
+pub const RETAINED_BY_LABEL: &str = "retained by";

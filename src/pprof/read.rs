@@ -19,7 +19,7 @@ use rustc_hash::FxHasher;
 
 use crate::error::{HeapError, Result};
 
-use super::{CLASS_LABEL, GEN_AGE_LABEL, LIVE_SAMPLES_TYPE, LIVE_SIZE_TYPE};
+use super::{CLASS_LABEL, GEN_AGE_LABEL, LIVE_SAMPLES_TYPE, LIVE_SIZE_TYPE, RETAINED_BY_LABEL};
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
@@ -54,6 +54,8 @@ pub struct SampleData {
     pub class: Option<String>,
     /// The `gc gen age` label.
     pub gen_age: Option<i64>,
+    /// The `retained by` label: a chain of references from a GC root to the sample's objects.
+    pub retained_by: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -258,6 +260,7 @@ fn resolve(profile: &pb::Profile, frame_budget: u64) -> Result<ProfileData> {
         };
         let mut class = None;
         let mut gen_age = None;
+        let mut retained_by = None;
         for label in &sample.labels {
             let what = || format!("a label of sample {i}");
             match text(label.key, &what)? {
@@ -265,6 +268,9 @@ fn resolve(profile: &pb::Profile, frame_budget: u64) -> Result<ProfileData> {
                     class = Some(text(label.str, &what)?.to_owned());
                 }
                 GEN_AGE_LABEL => gen_age = Some(label.num),
+                RETAINED_BY_LABEL if label.str != 0 => {
+                    retained_by = Some(text(label.str, &what)?.to_owned());
+                }
                 _ => {}
             }
         }
@@ -273,6 +279,7 @@ fn resolve(profile: &pb::Profile, frame_budget: u64) -> Result<ProfileData> {
             frames,
             class,
             gen_age,
+            retained_by,
         });
     }
 

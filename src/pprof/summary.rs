@@ -164,6 +164,22 @@ pub struct SiteDiff {
     pub objects_relative: Option<f64>,
 }
 
+/// What tells the rows of a summary apart: two samples are summed into one row of
+/// [`top_sites_with`] under `options` exactly when their keys are equal. A [`Site`]'s key is the
+/// key of its `frames` and `class`.
+pub fn row_key(
+    frames: &[SourceFrame],
+    class: Option<&str>,
+    options: &SiteOptions,
+) -> (String, Option<String>) {
+    let attribution = Attribution::of(frames, &options.app_root);
+    let keeps_class = matches!(options.group, GroupBy::Site | GroupBy::Class);
+    (
+        attribution.group_key(options.group),
+        class.filter(|_| keeps_class).map(str::to_owned),
+    )
+}
+
 /// [`top_sites_with`] grouped by site, with no app root (only relative paths are app code).
 pub fn top_sites(profile: &ProfileData, n: usize, by: SortBy) -> Vec<Site> {
     let options = SiteOptions {
@@ -338,6 +354,7 @@ pub fn merge_profiles(profiles: &[&ProfileData]) -> Result<ProfileData> {
                 frames: s.frames.clone(),
                 class: s.class.clone(),
                 gen_age: s.gen_age,
+                retained_by: s.retained_by.clone(),
             });
         }
     }

@@ -110,7 +110,13 @@ impl Exporter {
         guarded(ruby, || {
             let start = time_from_ns("start", start_ns, ruby)?;
             let end = SystemTime::now().max(start);
-            let encoded = recorder_profile::encode(ruby, recorder, Some(start), Some(end))?;
+            let encoded = recorder_profile::encode(
+                ruby,
+                recorder,
+                Some(start),
+                Some(end),
+                &Default::default(),
+            )?;
             let dropped = rb_self
                 .uploader
                 .enqueue(PendingUpload::new(encoded.bytes, start, end));

@@ -224,7 +224,7 @@ impl Profile {
         })
     }
 
-    /// `_native_samples` -> `[[locations, values, class_name, gen_age], ...]` in file order;
+    /// `_native_samples` -> `[[locations, values, class_name, gen_age, retained_by], ...]` in file order;
     /// `locations` innermost frame first, `values` in the order of the sample types.
     fn samples(ruby: &Ruby, rb_self: &Self) -> Result<RArray, Error> {
         guarded(ruby, || {
@@ -237,6 +237,7 @@ impl Profile {
                     ruby.ary_from_vec(sample.values.clone()).as_value(),
                     sample.class.as_deref().into_value_with(ruby),
                     sample.gen_age.into_value_with(ruby),
+                    sample.retained_by.as_deref().into_value_with(ruby),
                 ]);
                 out.push(row)?;
             }
@@ -277,6 +278,36 @@ impl Profile {
                     site.stacks.into_value_with(ruby),
                 ]);
                 out.push(row)?;
+            }
+            Ok(out)
+        })
+    }
+
+    /// `_native_retained_by(n, by, group, app_root)` -> for each site `_native_top` returns, in
+    /// its order, `[[path, live_objects, live_bytes], ...]`: the `retained by` labels of its
+    /// samples, summed, the most bytes first.
+    fn retained_by(
+        ruby: &Ruby,
+        rb_self: &Self,
+        n: usize,
+        by: String,
+        group: String,
+        app_root: Vec<String>,
+    ) -> Result<RArray, Error> {
+        guarded(ruby, || {
+            let options = site_options(ruby, &by, &group, app_root)?;
+            let sites = datadog_heap_core::retained_by_sites(&rb_self.data, n, &options);
+            let out = ruby.ary_new_capa(sites.len());
+            for rows in &sites {
+                let list = ruby.ary_new_capa(rows.len());
+                for r in rows {
+                    list.push(ruby.ary_new_from_values(&[
+                        ruby.str_new(&r.path).as_value(),
+                        r.objects.into_value_with(ruby),
+                        r.bytes.into_value_with(ruby),
+                    ]))?;
+                }
+                out.push(list)?;
             }
             Ok(out)
         })
@@ -335,6 +366,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     class.define_method("_native_info", method!(Profile::info, 0))?;
     class.define_method("_native_samples", method!(Profile::samples, 0))?;
     class.define_method("_native_top", method!(Profile::top, 4))?;
+    class.define_method("_native_retained_by", method!(Profile::retained_by, 4))?;
     class.define_method("_native_diff", method!(Profile::diff, 4))?;
     Ok(())
 }

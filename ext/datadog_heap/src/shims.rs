@@ -2,6 +2,7 @@
 //! goes through these (or magnus) and never calls rb-sys directly.
 
 mod frames;
+pub mod objspace;
 pub use frames::*;
 
 use magnus::{

@@ -198,7 +198,9 @@ fn bench_case(label: &str, class_of: impl Fn(usize) -> usize) {
         (best, out.unwrap())
     }
 
-    let (t_raw, (raw, info)) = best(RUNS, || encode_uncompressed(&snapshot, &options()).unwrap());
+    let (t_raw, (raw, info)) = best(RUNS, || {
+        encode_uncompressed(&snapshot, &options(), &Default::default()).unwrap()
+    });
     let (t_gz1, gz1) = best(RUNS, || gzip(&raw, 1).unwrap());
     let (t_gz6, gz6) = best(RUNS, || gzip(&raw, 6).unwrap());
     let (t_ours, ours) = best(RUNS, || encode_profile(&snapshot, &options()).unwrap());

@@ -3,6 +3,7 @@
 mod fuzz;
 mod libdd;
 mod malformed;
+mod retained;
 mod summary;
 
 use std::collections::HashSet;

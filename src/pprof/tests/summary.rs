@@ -24,6 +24,7 @@ fn sample(
         frames: Arc::from(frames),
         class: class.map(str::to_owned),
         gen_age: Some(age),
+        retained_by: None,
     }
 }
 

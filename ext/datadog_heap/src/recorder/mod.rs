@@ -10,6 +10,7 @@
 mod args;
 mod live_objects;
 pub(crate) mod profile;
+mod retainers;
 
 use std::sync::Arc;
 
@@ -373,6 +374,18 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     )?;
     class.define_method("stats", method!(Recorder::stats, 0))?;
     class.define_method("profile", method!(profile::profile, 0))?;
+    class.define_method(
+        "_native_profile_retained",
+        method!(profile::profile_retained, 1),
+    )?;
+    class.define_method(
+        "_native_retainer_targets",
+        method!(retainers::retainer_targets, 4),
+    )?;
+    class.define_method(
+        "_native_retainer_paths",
+        method!(retainers::retainer_paths, 4),
+    )?;
     class.define_method("after_fork", method!(Recorder::after_fork, 0))?;
     class.define_method("debug", method!(Recorder::debug, 0))?;
     class.define_method("record_id_for", method!(Recorder::record_id_for, 1))?;

@@ -4,7 +4,8 @@
 
 use std::time::SystemTime;
 
-use datadog_heap_core::{encode_profile, EncodeOptions, EncodedPprof};
+use datadog_heap_core::pprof::{encode_profile_retained, RetainedBy};
+use datadog_heap_core::{EncodeOptions, EncodedPprof};
 use magnus::{Error, RString, Ruby};
 
 use super::{with_session, Recorder};
@@ -14,17 +15,30 @@ use crate::shims::without_gvl;
 
 /// `profile` -> gzip pprof of the live objects.
 pub fn profile(ruby: &Ruby, rb_self: &Recorder) -> Result<RString, Error> {
-    let encoded = encode(ruby, rb_self, None, None)?;
+    let encoded = encode(ruby, rb_self, None, None, &RetainedBy::new())?;
     Ok(ruby.str_from_slice(&encoded.bytes))
 }
 
-/// The live objects as a gzip pprof whose span is `start..end` (see `EncodeOptions`); what
-/// `profile` returns, and what the exporter uploads. Needs the GVL; releases it to encode.
+/// `_native_profile_retained([[record_id, path], ...])`: `profile`, with a `retained by` label
+/// on those objects (Recorder#profile(retainers: ...)).
+pub fn profile_retained(
+    ruby: &Ruby,
+    rb_self: &Recorder,
+    paths: Vec<(i64, String)>,
+) -> Result<RString, Error> {
+    let encoded = encode(ruby, rb_self, None, None, &paths.into_iter().collect())?;
+    Ok(ruby.str_from_slice(&encoded.bytes))
+}
+
+/// The live objects as a gzip pprof whose span is `start..end` (see `EncodeOptions`), with a
+/// `retained by` label on the objects `retained_by` names; what `profile` returns, and what the
+/// exporter uploads. Needs the GVL; releases it to encode.
 pub(crate) fn encode(
     ruby: &Ruby,
     rb_self: &Recorder,
     start: Option<SystemTime>,
     end: Option<SystemTime>,
+    retained_by: &RetainedBy,
 ) -> Result<EncodedPprof, Error> {
     with_session(ruby, rb_self, |session| {
         let snapshot = session.with_vm(ruby, |vm| session.core.prepare_iteration(vm))?;
@@ -39,7 +53,12 @@ pub(crate) fn encode(
         // Not busy meanwhile: other threads allocate while the GVL is released, and none of it is
         // our own work.
         let encoded = runtime::not_busy(|| {
-            without_gvl(|gvl_held| (encode_profile(&snapshot, &options), gvl_held))
+            without_gvl(|gvl_held| {
+                (
+                    encode_profile_retained(&snapshot, &options, retained_by),
+                    gvl_held,
+                )
+            })
         });
         let (encoded, gvl_held) = match encoded? {
             Some(result) => result,
