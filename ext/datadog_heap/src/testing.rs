@@ -47,6 +47,11 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
         "_native_listed_sessions",
         function!(runtime::listed_count, 0),
     )?;
+    // The stack cache's epoch now (see shims::frame_epoch).
+    testing.define_singleton_method(
+        "_native_frame_epoch",
+        function!(|| crate::shims::frame_epoch(crate::shims::gc_count()), 0),
+    )?;
     // Whether frames are named with their class: the load-time check of method entries passed.
     testing.define_singleton_method(
         "_native_frame_classes_named",
