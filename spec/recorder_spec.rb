@@ -207,6 +207,22 @@ RSpec.describe DatadogHeap::Recorder do
       expect(r.stats).to include(pending_recordings_count: 0, num_object_records: 3)
     end
 
+    # A postponed job cannot raise where it runs; its error is the job's, not the next commit's.
+    it "commits after a postponed job failed, warns about that failure once, keeps it in stats" do
+      DatadogHeap::Testing._native_note_job_error(rec, "Interrupt: from a job")
+      objects = Array.new(3) { Object.new }
+      committed = nil
+      # From the next call into the recorder (here the first record_allocation).
+      expect do
+        objects.each { |o| record(rec, o) }
+        committed = rec.commit
+      end.to output(/\Adatadog_heap: a postponed job failed: Interrupt: from a job\n\z/).to_stderr
+      expect(committed).to eq(3)
+      expect { rec.commit && rec.stats }.not_to output.to_stderr
+      expect(rec.stats).to include(last_commit_error: "Interrupt: from a job", lifetime_job_errors: 1,
+        num_object_records: objects.size)
+    end
+
     it "keeps pending objects alive until committed" do
       record_garbage(rec, 5)
       full_gc

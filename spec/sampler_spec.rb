@@ -220,22 +220,56 @@ RSpec.describe "built-in allocation sampler" do
     expect(first.size).to eq(3)
   end
 
-  it "turns itself off on an error in the hook, keeps the reason, warns once, and start raises it" do
+  # The lifecycle (README): the hook disables the recorder (running? false, the hook removed by
+  # the commit job), the next call from Ruby warns once, start raises the reason.
+  it "turns itself off on an error in the hook, keeps the reason, warns once from the next call, and start raises it" do
     @rec = sampled_recorder
     @rec.exhaust_record_ids!
-    keep = nil
     expect do
       @rec.start
-      keep = Array.new(10) { Kept.new(0) }
-      10.times { Thread.pass } # lets the job that reports the error run
-    end.to output(/heap recording disabled: record ids exhausted/).to_stderr
-    stats = @rec.stats
+      10.times { Kept.new(0) }
+      10.times { Thread.pass } # lets the commit job remove the hook
+    end.not_to output.to_stderr # not from the job, wherever the thread was
+    expect(@rec.running?).to be(false)
+    expect(DatadogHeap::Testing._native_hooks[0]).to be(false)
+    stats = nil
+    expect { stats = @rec.stats }.to output(/heap recording disabled: record ids exhausted/).to_stderr
+    expect(stats).to include(running: false, sampler_hook_errors: 1)
     expect(stats[:disabled_reason]).to match(/record ids exhausted/)
-    expect(stats[:sampler_hook_errors]).to eq(1)
-    expect { 10.times { Thread.pass } }.not_to output.to_stderr # once only
-    @rec.stop
+    expect { 10.times { Thread.pass } && @rec.stats && @rec.commit }.not_to output.to_stderr # once only
     expect { @rec.start }.to raise_error(DatadogHeap::Error, /disabled: record ids exhausted/)
-    expect(keep.size).to eq(10)
+    expect(@rec.running?).to be(false)
+  end
+
+  it "DatadogHeap.start after the process-wide recorder disabled itself starts a fresh one, same options" do
+    DatadogHeap.instance_variable_set(:@recorder, nil)
+    old = DatadogHeap.start(sampler: :countdown, sample_every: 1, max_frames: 7)
+    old.exhaust_record_ids!
+    10.times { Kept.new(0) }
+    10.times { Thread.pass }
+    expect(old.running?).to be(false)
+    fresh = nil
+    expect { fresh = DatadogHeap.start }.to output(/heap recording disabled: record ids exhausted/).to_stderr
+    expect(DatadogHeap.recorder).to be(fresh)
+    expect(fresh).not_to be(old)
+    expect([fresh.running?, fresh.sampler, fresh.sample_every, fresh.max_frames, fresh.stats[:disabled_reason]])
+      .to eq([true, :countdown, 1, 7, nil])
+    kept = Array.new(5) { |i| Kept.new(i) }
+    DatadogHeap.stop
+    fresh.commit
+    full_gc
+    expect(fresh.each_live_object.count { |o| o.class_name == "Kept" }).to eq(kept.size)
+    # A start with options after a disable takes them.
+    fresh.exhaust_record_ids!
+    fresh.start
+    Kept.new(0)
+    10.times { Thread.pass }
+    other = nil
+    expect { other = DatadogHeap.start(sample_every: 3) }.to output(/disabled/).to_stderr
+    expect([other.sample_every, other.max_frames]).to eq([3, 7])
+  ensure
+    DatadogHeap.stop
+    DatadogHeap.instance_variable_set(:@recorder, nil)
   end
 
   it "DatadogHeap.start / stop / recorder manage one process-wide recorder" do
