@@ -17,13 +17,12 @@ RSpec.describe "built-in allocation sampler" do
     @rec.stop
     full_gc
     kept = @rec.each_live_object.select { |o| o.class_name == "Kept" }
-    expect(kept.size).to eq(123)
+    expect(kept.size).to eq(keep.size)
     expect(kept.map(&:weight)).to all(eq(1))
     ruby_frame = kept.first.locations.find { |_, path, _| path == __FILE__ }
     expect(ruby_frame[2]).to eq(line)
     expect(kept.first.locations.first[0]).to eq("Kept.new") # the C frame (Struct's `new`), at the caller's line
     expect(kept.first.locations.first[1..]).to eq([__FILE__, line])
-    expect(keep.size).to eq(123)
   end
 
   it "never tracks objects allocated before start or after stop" do
@@ -84,7 +83,8 @@ RSpec.describe "built-in allocation sampler" do
     full_gc
     names = @rec.each_live_object.map(&:class_name)
     expect(names).to include("Kept", "Object")
-    expect(keep.size).to eq(2)
+    # The anonymous subclass is named by its nearest named ancestor.
+    expect(names.count("Kept")).to eq(keep.count { |o| o.is_a?(Kept) })
   end
 
   it "survives temporary strings (Time#strftime) and never reports internal objects" do
@@ -94,10 +94,9 @@ RSpec.describe "built-in allocation sampler" do
     eval("1 + 1") # compiles an iseq: internal objects
     @rec.stop
     full_gc
-    classes = @rec.each_live_object.map(&:class_name).uniq
-    expect(classes).to include("String")
-    expect(classes).not_to include(nil)
-    expect(keep.size).to eq(100)
+    names = @rec.each_live_object.map(&:class_name)
+    expect(names.count("String")).to be >= keep.size
+    expect(names).not_to include(nil)
   end
 
   it "allocates no Ruby object in the hook" do
@@ -154,10 +153,9 @@ RSpec.describe "built-in allocation sampler" do
       :sampler_skipped_reentrant).sum
     # (A Kept that a thread made and dropped may still be seen by the conservative stack scan;
     # GC_STRESS moves such leftovers around, so allow a couple.)
-    expect(tracked).to be <= 82
-    expect(tracked + skipped).to be >= 80
+    expect(tracked).to be <= kept.size + 2
+    expect(tracked + skipped).to be >= kept.size
     expect(tracked).to be > 0
-    expect(kept.size).to eq(80)
   end
 
   it "keeps sampling correctly in a forked child" do

@@ -66,7 +66,7 @@ RSpec.describe "sampler stack cache" do
     full_gc
     stacks = tracked_stacks(@rec)
     stats = @rec.stats
-    expect(keep.size).to eq(20 * 6)
+    expect(stacks.values.sum).to eq(keep.size) # sample_every: 1, so every kept object
     @rec = nil
     [stacks, stats]
   end
@@ -163,7 +163,6 @@ RSpec.describe "sampler stack cache" do
     @rec.commit
     full_gc
     expect(cache_reused_names(@rec).tally).to eq(names.to_h { |n| ["CacheReuseHost##{n}", 4] })
-    expect(keep.size).to eq(12)
   ensure
     names&.each { |n| CacheReuseHost.send(:remove_method, n) if CacheReuseHost.method_defined?(n) }
   end
@@ -230,7 +229,7 @@ RSpec.describe "sampler stack cache" do
       else
         expect(stats[:lifetime_stack_cache_hits]).to eq(0)
       end
-      expect(keep.size).to eq(50)
+      expect(stats[:num_object_records]).to eq(keep.size)
       stats.values_at(:num_object_records, :num_heap_records, :interned_string_refs)
     end
     expect(refs[1]).to eq(refs[0])
@@ -246,6 +245,6 @@ RSpec.describe "sampler stack cache" do
     end
     # The second start found nothing cached for the same site.
     expect(@rec.stats[:lifetime_stack_cache_misses]).to be >= 2
-    expect(keep.size).to eq(2)
+    expect(@rec.stats[:num_object_records] + @rec.stats[:pending_recordings_count]).to be >= keep.size
   end
 end
