@@ -127,9 +127,16 @@ module DatadogHeap
     # Starts sampling into the process-wide recorder, creating it with `opts` (see Recorder)
     # the first time. Options given to a later start must match, or stop and create anew.
     # Every option is checked (unknown keys, types, ranges) before anything is created or started.
+    # A recorder that disabled itself (stats[:disabled_reason]) never records again, so a start
+    # after that replaces it with a fresh one: its options, with `opts` on top (what the old one
+    # tracked goes with it). If the fresh one cannot start either, the old one stays.
     def start(**opts)
       checked = Recorder.check_options(opts, "DatadogHeap.start")
-      if @recorder
+      if @recorder && @recorder.stats[:disabled_reason]
+        fresh = Recorder.new(**options_of(@recorder, opts).merge(opts))
+        fresh.start
+        @recorder = fresh
+      elsif @recorder
         # Keys come from DEFAULTS, never from the caller; values are checked Integers and booleans.
         differing = Recorder::DEFAULTS.each_key.select { |key| opts.key?(key) && @recorder.public_send(key) != checked[key] }
         unless differing.empty?
@@ -154,6 +161,18 @@ module DatadogHeap
     def stop
       @recorder&.stop
       @recorder
+    end
+
+    private
+
+    # The options `recorder` was created with, as Recorder.new takes them; none when `opts` asks
+    # for another sampler (sample_every's default and windows_per_second depend on it).
+    def options_of(recorder, opts)
+      return {} if opts.key?(:sampler) && opts[:sampler] != recorder.sampler
+
+      options = Recorder::DEFAULTS.each_key.to_h { |key| [key, recorder.public_send(key)] }
+      options.delete(:windows_per_second) if options[:sampler] == :countdown
+      options
     end
   end
 end

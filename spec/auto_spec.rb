@@ -79,6 +79,35 @@ RSpec.describe "require \"datadog_heap/auto\"" do
     expect(leak_sites(File.join(dir, child_files.last))).not_to be_empty
   end
 
+  # Process.daemon forks through libc daemon(3), not Process._fork: the hook on daemon restarts
+  # the writer there. Without it the daemon writes only its final profile.
+  it "gives a Process.daemon its own writer thread and files" do
+    pid_file = File.join(dir, "daemon.pid")
+    program = <<~RUBY
+      Process.daemon(true, true)
+      File.write(#{pid_file.inspect} + ".tmp", Process.pid.to_s)
+      File.rename(#{pid_file.inspect} + ".tmp", #{pid_file.inspect})
+      keep = []
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 0.8
+      while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+        keep << "leak" * 10
+        sleep 0.01
+      end
+    RUBY
+    _, err, code = auto_run({"DATADOG_HEAP_OUTPUT" => "#{dir}/", "DATADOG_HEAP_INTERVAL" => "0.1"}, "-e", program)
+    expect([err, code]).to eq(["", 0])
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 20
+    sleep 0.05 until File.exist?(pid_file) || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+    daemon = File.read(pid_file).to_i
+    # Not our child: gone once /proc has no such process, or only its zombie is left.
+    gone = -> { !File.exist?("/proc/#{daemon}/stat") || File.read("/proc/#{daemon}/stat")[/\) (\w)/, 1] == "Z" }
+    sleep 0.05 until gone.call || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+    expect(gone.call).to be(true)
+    files = profiles.grep(/\Aheap-#{daemon}-/)
+    expect(files.size).to be >= 2 # periodic (the writer restarted in the daemon) and final
+    expect(files).to eq((1..files.size).map { |n| "heap-#{daemon}-#{n}.pb.gz" })
+  end
+
   it "keeps the program's exit status" do
     _, err, code = auto_run({"DATADOG_HEAP_OUTPUT" => dir, "EXIT_CODE" => "7"})
     expect([err, code]).to eq(["", 7])

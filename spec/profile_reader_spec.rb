@@ -62,7 +62,6 @@ RSpec.describe DatadogHeap::Profile do
     expect(profile.top(3, by: :size)).to eq(profile.top(3, by: :count))
     expect(profile.top(1).first.location).to eq("/app/buffer.rb:8")
     expect(profile.top(1).first.share).to eq(80.0 / 87)
-    expect(keep.size).to eq(47)
   end
 
   it "loads a file and names it" do
@@ -112,7 +111,6 @@ RSpec.describe DatadogHeap::Profile do
     expect(samples[0].locations).to be_frozen
     expect(samples[0].locations).to all(be_frozen)
     expect(samples).to be_frozen
-    expect(keep.size).to eq(4)
   end
 
   it "diffs two profiles: growth first, relative change, new sites, shrunk sites last" do
@@ -179,7 +177,6 @@ RSpec.describe DatadogHeap::Profile do
       mixed = described_class.merge([a, sizeless])
       expect(mixed).to have_attributes(sizes?: false, total_bytes: nil, total_objects: 89, paths: [a.path], count: 2,
         sample_types: [%w[heap-live-samples count]])
-      expect(keep.size).to eq(2)
     end
   end
 
@@ -257,7 +254,6 @@ RSpec.describe DatadogHeap::Profile do
     big = described_class.parse(recorder_with(keep).profile)
     small = described_class.parse(@rec.profile)
     expect(ObjectSpace.memsize_of(big)).to be > ObjectSpace.memsize_of(small)
-    expect(keep.size).to eq(200)
   end
 
   describe "with go tool pprof" do
@@ -305,7 +301,6 @@ RSpec.describe DatadogHeap::Profile do
         expect(raw).to include("heap-live-samples/count")
         expect(raw).not_to include("heap-live-size")
       end
-      expect(keep.size).to eq(47)
     end
   end
 end

@@ -17,13 +17,12 @@ RSpec.describe "built-in allocation sampler" do
     @rec.stop
     full_gc
     kept = @rec.each_live_object.select { |o| o.class_name == "Kept" }
-    expect(kept.size).to eq(123)
+    expect(kept.size).to eq(keep.size)
     expect(kept.map(&:weight)).to all(eq(1))
     ruby_frame = kept.first.locations.find { |_, path, _| path == __FILE__ }
     expect(ruby_frame[2]).to eq(line)
     expect(kept.first.locations.first[0]).to eq("Kept.new") # the C frame (Struct's `new`), at the caller's line
     expect(kept.first.locations.first[1..]).to eq([__FILE__, line])
-    expect(keep.size).to eq(123)
   end
 
   it "never tracks objects allocated before start or after stop" do
@@ -84,7 +83,8 @@ RSpec.describe "built-in allocation sampler" do
     full_gc
     names = @rec.each_live_object.map(&:class_name)
     expect(names).to include("Kept", "Object")
-    expect(keep.size).to eq(2)
+    # The anonymous subclass is named by its nearest named ancestor.
+    expect(names.count("Kept")).to eq(keep.count { |o| o.is_a?(Kept) })
   end
 
   it "survives temporary strings (Time#strftime) and never reports internal objects" do
@@ -94,10 +94,9 @@ RSpec.describe "built-in allocation sampler" do
     eval("1 + 1") # compiles an iseq: internal objects
     @rec.stop
     full_gc
-    classes = @rec.each_live_object.map(&:class_name).uniq
-    expect(classes).to include("String")
-    expect(classes).not_to include(nil)
-    expect(keep.size).to eq(100)
+    names = @rec.each_live_object.map(&:class_name)
+    expect(names.count("String")).to be >= keep.size
+    expect(names).not_to include(nil)
   end
 
   it "allocates no Ruby object in the hook" do
@@ -154,10 +153,9 @@ RSpec.describe "built-in allocation sampler" do
       :sampler_skipped_reentrant).sum
     # (A Kept that a thread made and dropped may still be seen by the conservative stack scan;
     # GC_STRESS moves such leftovers around, so allow a couple.)
-    expect(tracked).to be <= 82
-    expect(tracked + skipped).to be >= 80
+    expect(tracked).to be <= kept.size + 2
+    expect(tracked + skipped).to be >= kept.size
     expect(tracked).to be > 0
-    expect(kept.size).to eq(80)
   end
 
   it "keeps sampling correctly in a forked child" do
@@ -220,22 +218,56 @@ RSpec.describe "built-in allocation sampler" do
     expect(first.size).to eq(3)
   end
 
-  it "turns itself off on an error in the hook, keeps the reason, warns once, and start raises it" do
+  # The lifecycle (README): the hook disables the recorder (running? false, the hook removed by
+  # the commit job), the next call from Ruby warns once, start raises the reason.
+  it "turns itself off on an error in the hook, keeps the reason, warns once from the next call, and start raises it" do
     @rec = sampled_recorder
     @rec.exhaust_record_ids!
-    keep = nil
     expect do
       @rec.start
-      keep = Array.new(10) { Kept.new(0) }
-      10.times { Thread.pass } # lets the job that reports the error run
-    end.to output(/heap recording disabled: record ids exhausted/).to_stderr
-    stats = @rec.stats
+      10.times { Kept.new(0) }
+      10.times { Thread.pass } # lets the commit job remove the hook
+    end.not_to output.to_stderr # not from the job, wherever the thread was
+    expect(@rec.running?).to be(false)
+    expect(DatadogHeap::Testing._native_hooks[0]).to be(false)
+    stats = nil
+    expect { stats = @rec.stats }.to output(/heap recording disabled: record ids exhausted/).to_stderr
+    expect(stats).to include(running: false, sampler_hook_errors: 1)
     expect(stats[:disabled_reason]).to match(/record ids exhausted/)
-    expect(stats[:sampler_hook_errors]).to eq(1)
-    expect { 10.times { Thread.pass } }.not_to output.to_stderr # once only
-    @rec.stop
+    expect { 10.times { Thread.pass } && @rec.stats && @rec.commit }.not_to output.to_stderr # once only
     expect { @rec.start }.to raise_error(DatadogHeap::Error, /disabled: record ids exhausted/)
-    expect(keep.size).to eq(10)
+    expect(@rec.running?).to be(false)
+  end
+
+  it "DatadogHeap.start after the process-wide recorder disabled itself starts a fresh one, same options" do
+    DatadogHeap.instance_variable_set(:@recorder, nil)
+    old = DatadogHeap.start(sampler: :countdown, sample_every: 1, max_frames: 7)
+    old.exhaust_record_ids!
+    10.times { Kept.new(0) }
+    10.times { Thread.pass }
+    expect(old.running?).to be(false)
+    fresh = nil
+    expect { fresh = DatadogHeap.start }.to output(/heap recording disabled: record ids exhausted/).to_stderr
+    expect(DatadogHeap.recorder).to be(fresh)
+    expect(fresh).not_to be(old)
+    expect([fresh.running?, fresh.sampler, fresh.sample_every, fresh.max_frames, fresh.stats[:disabled_reason]])
+      .to eq([true, :countdown, 1, 7, nil])
+    kept = Array.new(5) { |i| Kept.new(i) }
+    DatadogHeap.stop
+    fresh.commit
+    full_gc
+    expect(fresh.each_live_object.count { |o| o.class_name == "Kept" }).to eq(kept.size)
+    # A start with options after a disable takes them.
+    fresh.exhaust_record_ids!
+    fresh.start
+    Kept.new(0)
+    10.times { Thread.pass }
+    other = nil
+    expect { other = DatadogHeap.start(sample_every: 3) }.to output(/disabled/).to_stderr
+    expect([other.sample_every, other.max_frames]).to eq([3, 7])
+  ensure
+    DatadogHeap.stop
+    DatadogHeap.instance_variable_set(:@recorder, nil)
   end
 
   it "DatadogHeap.start / stop / recorder manage one process-wide recorder" do

@@ -7,6 +7,11 @@ pub struct LastUpdate {
     pub objects_dead: u64,
     pub objects_skipped: u64,
     pub objects_frozen: u64,
+    /// Ours: records this update skipped (old ones, in a young update) that its walk of the
+    /// liveness table showed collected, and dropped. Counted in `objects_skipped`, not
+    /// `objects_dead`, so the reference's keys keep their meaning: a young update skips what is
+    /// old, and its dead are young objects.
+    pub skipped_objects_dropped: u64,
 }
 
 /// Counts since the recorder was created (or since a fork).
@@ -37,6 +42,9 @@ pub struct Lifetime {
     /// Sampled stacks looked up in the stack cache and named instead: not there, no longer a
     /// heap record, or deeper than the cache keeps (1024 frames).
     pub stack_cache_misses: u64,
+    /// Skipped records that update walks dropped because they were collected (see
+    /// [`LastUpdate::skipped_objects_dropped`]).
+    pub skipped_objects_dropped: u64,
 }
 
 impl Lifetime {
@@ -58,6 +66,7 @@ impl Lifetime {
         *dead = ewma(*dead, last.objects_dead as f64);
         *skipped = ewma(*skipped, last.objects_skipped as f64);
         self.updates_successful += 1;
+        self.skipped_objects_dropped += last.skipped_objects_dropped;
     }
 }
 
@@ -152,6 +161,14 @@ impl Stats {
             ),
             ("lifetime_stack_cache_hits", C(l.stack_cache_hits)),
             ("lifetime_stack_cache_misses", C(l.stack_cache_misses)),
+            (
+                "last_update_skipped_objects_dropped",
+                C(u.skipped_objects_dropped),
+            ),
+            (
+                "lifetime_skipped_objects_dropped",
+                C(l.skipped_objects_dropped),
+            ),
             ("interned_string_refs", C(self.string_refs)),
         ]
     }

@@ -268,6 +268,13 @@ module DatadogHeap
         DatadogHeap::Auto.after_fork if pid == 0
         pid
       end
+
+      # On Linux Process.daemon calls libc daemon(3), not _fork; only the daemon returns here.
+      def daemon(*args)
+        result = super
+        DatadogHeap::Auto.after_fork
+        result
+      end
     end
   end
 end

@@ -861,9 +861,79 @@ fn a_young_walk_also_drops_old_objects_that_died() {
         panic!("young update did not run")
     };
     assert_eq!(vm.walks, 1);
-    assert_eq!((last.objects_alive, last.objects_dead), (4, 1));
+    // The old record counts as skipped (as the reference, which never looks at it, counts it),
+    // not dead: a young update's dead are young objects.
+    assert_eq!(
+        (
+            last.objects_alive,
+            last.objects_dead,
+            last.objects_skipped,
+            last.skipped_objects_dropped
+        ),
+        (4, 0, 1, 1)
+    );
     assert!(!rec.is_recorded(1).unwrap(), "the old dead record is gone");
-    assert_eq!(rec.stats().unwrap().num_object_records, 4);
+    let stats = rec.stats().unwrap();
+    assert_eq!(stats.num_object_records, 4);
+    assert_eq!(stats.lifetime.ewma_young_objects_dead, 0.0);
+    assert_eq!(stats.lifetime.skipped_objects_dropped, 1);
+}
+
+#[test]
+fn a_young_walk_counts_only_young_objects_dead() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    vm.walk_enabled = true;
+    let old: Vec<_> = (0..2).map(|i| record(&rec, &mut vm, "old", i)).collect();
+    rec.commit(&mut vm).unwrap();
+    for _ in 0..OLD_AGE {
+        vm.gc();
+    }
+    let young: Vec<_> = (0..4).map(|i| record(&rec, &mut vm, "young", i)).collect();
+    rec.commit(&mut vm).unwrap();
+    vm.gc();
+    vm.kill(old[0]);
+    vm.kill(young[0]);
+    let UpdateOutcome::Done(last) = rec.update(&mut vm, UpdateKind::Young).unwrap() else {
+        panic!("young update did not run")
+    };
+    assert_eq!(vm.walks, 1);
+    assert_eq!(
+        (
+            last.objects_alive,
+            last.objects_dead,
+            last.objects_skipped,
+            last.skipped_objects_dropped
+        ),
+        (3, 1, 2, 1)
+    );
+    let l = rec.stats().unwrap().lifetime;
+    assert!((l.ewma_young_objects_dead - 0.3).abs() < 1e-9, "{l:?}");
+    assert!((l.ewma_young_objects_skipped - 0.6).abs() < 1e-9, "{l:?}");
+    // A full update then counts an old dead record as dead.
+    vm.kill(old[1]);
+    let last = full_update(&rec, &mut vm);
+    assert_eq!((last.objects_dead, last.skipped_objects_dropped), (1, 0));
+}
+
+#[test]
+fn young_updates_measure_no_size_full_updates_do() {
+    for walk in [false, true] {
+        let rec = HeapRecorder::default();
+        let mut vm = FakeVm::new();
+        vm.walk_enabled = walk;
+        let objs: Vec<_> = (0..3).map(|i| record(&rec, &mut vm, "a", i)).collect();
+        rec.commit(&mut vm).unwrap();
+        vm.gc();
+        objs.iter().for_each(|&o| vm.obj(o).size = 100);
+        let UpdateOutcome::Done(last) = rec.update(&mut vm, UpdateKind::Young).unwrap() else {
+            panic!("young update did not run")
+        };
+        assert_eq!(last.objects_alive, 3);
+        assert_eq!(vm.size_measurements, 0, "walk: {walk}");
+        full_update(&rec, &mut vm);
+        assert_eq!(vm.size_measurements, 3, "walk: {walk}");
+    }
 }
 
 #[test]
@@ -937,7 +1007,7 @@ fn at_max_tracked_objects_a_young_update_walks_to_make_room() {
         panic!("young update did not run")
     };
     assert_eq!(vm.walks, 1);
-    assert_eq!(last.objects_dead, 10);
+    assert_eq!((last.objects_dead, last.skipped_objects_dropped), (0, 10));
     assert_eq!(
         record_outcome(&rec, &mut vm),
         RecordOutcome::Pending,
@@ -995,6 +1065,7 @@ fn short_lived_arrivals_that_aged_past_young_make_a_young_update_walk() {
         panic!("young update did not run")
     };
     assert_eq!(vm.walks, 2);
-    assert_eq!(last.objects_dead, 10);
+    // They aged past young: dropped by the walk, counted as skipped, not dead.
+    assert_eq!((last.objects_dead, last.skipped_objects_dropped), (0, 10));
     assert_eq!(rec.stats().unwrap().num_object_records, 20);
 }

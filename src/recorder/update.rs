@@ -29,8 +29,9 @@ const SHRINK_WHEN_CAPACITY_EXCEEDS: usize = 4;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpdateKind {
     /// Optional and cheap: skipped when busy, when no GC happened since the last update, or when
-    /// the last one was less than 2 s ago; ages and measures only objects younger than
-    /// [`OLD_AGE`] (a walk still drops old ones that died).
+    /// the last one was less than 2 s ago; checks only objects younger than [`OLD_AGE`] and
+    /// measures no size, as the reference (a walk still drops old ones that died, counted as
+    /// skipped and in `skipped_objects_dropped`).
     Young,
     /// Mandatory: waits for the lock, ignores the gates, visits everything.
     Full,
@@ -144,13 +145,23 @@ impl HeapRecorder {
         // An object allocated after the GC count was read would show a negative age.
         let age = update_gen.saturating_sub(record.data.alloc_gen);
         record.data.gen_age = age;
-        // Age 0: it has not met a GC yet, so it is almost surely alive; old objects are left to
-        // full updates.
-        if age == 0 || (!full && age >= OLD_AGE) {
+        if Self::skips(age, full) {
             last.objects_skipped += 1;
             return false;
         }
         true
+    }
+
+    /// Whether an update leaves a record of this age alone, as the reference does. Age 0: it
+    /// has not met a GC yet, so it is almost surely alive; old objects are left to full updates.
+    fn skips(age: u64, full: bool) -> bool {
+        age == 0 || (!full && age >= OLD_AGE)
+    }
+
+    /// Whether this update measures a visited record's size: only full updates do, as in the
+    /// reference (a young update only learns which young objects died).
+    fn measures_size(record: &ObjectRecord, full: bool, size_enabled: bool) -> bool {
+        full && size_enabled && !record.data.frozen
     }
 
     fn note_alive(record: &mut ObjectRecord, last: &mut LastUpdate, info: LiveInfo) {
@@ -198,7 +209,7 @@ impl HeapRecorder {
                 if !Self::visit(record, &mut state.last_update, full, update_gen) {
                     return;
                 }
-                size_enabled && !record.data.frozen
+                Self::measures_size(record, full, size_enabled)
             };
             let info = probe(measure_size);
             match self.state() {
@@ -229,10 +240,18 @@ impl HeapRecorder {
             .collect();
         for id in &dead {
             if let Some(record) = state.object_records.remove(id) {
+                // A record this update skips (an old one in a young update) counts as skipped,
+                // as the reference, which never looks at it, counts it; the walk drops it anyway.
+                let age = update_gen.saturating_sub(record.data.alloc_gen);
+                if Self::skips(age, full) {
+                    state.last_update.objects_skipped += 1;
+                    state.last_update.skipped_objects_dropped += 1;
+                } else {
+                    state.last_update.objects_dead += 1;
+                }
                 self.release_record(&mut state, &record.stack, record.data.class)?;
             }
         }
-        state.last_update.objects_dead += dead.len() as u64;
         Ok(Some(!dead.is_empty()))
     }
 
@@ -256,7 +275,7 @@ impl HeapRecorder {
                 if !Self::visit(record, &mut state.last_update, full, update_gen) {
                     continue;
                 }
-                size_enabled && !record.data.frozen
+                Self::measures_size(record, full, size_enabled)
             };
 
             let found = vm.lookup(id, measure_size)?;

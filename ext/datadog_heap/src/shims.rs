@@ -423,6 +423,7 @@ pub fn init_gc_stat() {
     let key = unsafe { rb_sys::rb_id2sym(id) };
     TOTAL_ALLOCATED_KEY.store(key as u64, std::sync::atomic::Ordering::Relaxed);
     let _ = total_allocated_objects();
+    init_total_moved_key();
 }
 
 /// Objects the VM has allocated since it started (`GC.stat(:total_allocated_objects)`). Needs
@@ -436,6 +437,54 @@ pub fn total_allocated_objects() -> u64 {
     // SAFETY: GVL held per the contract; `key` is a Symbol rb_gc_stat knows in every Ruby we
     // support, for which it returns the counter without allocating or raising.
     unsafe { rb_sys::rb_gc_stat(key) as u64 }
+}
+
+/// `:total_moved_objects`, a static Symbol, set by `init_gc_stat` only when this Ruby's
+/// `GC.stat` knows the key (0 otherwise: `rb_gc_stat` raises for an unknown key).
+static TOTAL_MOVED_KEY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Makes the `total_moved_objects` key and checks, under rb_protect, that `rb_gc_stat` answers
+/// it. Needs the GVL; called once at load by `init_gc_stat`.
+fn init_total_moved_key() {
+    let name = c"total_moved_objects";
+    // SAFETY: as in `init_gc_stat`.
+    let id = unsafe { rb_sys::rb_intern(name.as_ptr()) };
+    // SAFETY: a static Symbol for a valid ID; allocates nothing.
+    let key = unsafe { rb_sys::rb_id2sym(id) };
+    let known = magnus::rb_sys::protect(|| {
+        // SAFETY: GVL held, inside rb_protect, which catches the ArgumentError an unknown key
+        // raises.
+        unsafe { rb_sys::rb_gc_stat(key) };
+        rb_sys::Qnil as VALUE
+    })
+    .is_ok();
+    if known {
+        TOTAL_MOVED_KEY.store(key as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Objects compaction has moved since the VM started (`GC.stat(:total_moved_objects)`; 0 on a
+/// Ruby without the key). Needs the GVL; allocates nothing and never raises (the key was checked
+/// at load), so the NEWOBJ hook may call it.
+pub fn total_moved_objects() -> u64 {
+    let key = TOTAL_MOVED_KEY.load(std::sync::atomic::Ordering::Relaxed) as VALUE;
+    if key == 0 {
+        return 0;
+    }
+    // SAFETY: GVL held per the contract; `key` is a Symbol `init_total_moved_key` saw
+    // rb_gc_stat answer, which it then does without allocating or raising.
+    unsafe { rb_sys::rb_gc_stat(key) as u64 }
+}
+
+/// The period in which frame handles (iseqs, method entries) keep their addresses: it changes
+/// at every GC (which may free a handle and reuse its slot) and at every object compaction
+/// moves. A GC count alone is not enough: Ruby 3.1 compacts incrementally, during the lazy sweep
+/// that follows a major GC with `GC.auto_compact`, so objects move between two allocations while
+/// `rb_gc_count` stays put. The GC count in the high 32 bits, the moved count in the low 32: two
+/// periods share an epoch only 2^32 GCs or 2^32 moves apart with nothing else changing. Needs
+/// the GVL; allocation-free and never raises (hook-safe).
+pub fn frame_epoch(gc_count: u64) -> u64 {
+    (gc_count << 32) | (total_moved_objects() & 0xffff_ffff)
 }
 
 /// Runs `f` when the VM is torn down (after every Ruby thread has stopped, before the VM's

@@ -52,6 +52,20 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
         "_native_listed_sessions",
         function!(runtime::listed_count, 0),
     )?;
+    // Keeps a message as if a postponed job had failed with it (what happens next is the
+    // recorder's: one warning, stats, commit unaffected).
+    testing.define_singleton_method(
+        "_native_note_job_error",
+        function!(
+            |rec: &Recorder, message: String| rec.session().note_job_error(message),
+            2
+        ),
+    )?;
+    // The stack cache's epoch now (see shims::frame_epoch).
+    testing.define_singleton_method(
+        "_native_frame_epoch",
+        function!(|| crate::shims::frame_epoch(crate::shims::gc_count()), 0),
+    )?;
     // Whether frames are named with their class: the load-time check of method entries passed.
     testing.define_singleton_method(
         "_native_frame_classes_named",

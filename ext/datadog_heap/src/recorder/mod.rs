@@ -55,7 +55,9 @@ impl Drop for Recorder {
     }
 }
 
-/// Runs a method body on `rb_self`'s session (see the module docs).
+/// Runs a method body on `rb_self`'s session (see the module docs), then prints the warnings
+/// postponed jobs left (`Session::take_notices`): this is Ruby calling us, a safe place to run
+/// `Kernel#warn` and whatever it calls. What the body raised wins over what a warning raises.
 fn with_session<T>(
     ruby: &Ruby,
     rb_self: &Recorder,
@@ -63,8 +65,24 @@ fn with_session<T>(
 ) -> Result<T, Error> {
     guarded(ruby, || {
         rb_self.session.after_fork(false).or_raise(ruby)?;
-        f(&rb_self.session)
+        let result = f(&rb_self.session);
+        let warned = warn_notices(ruby, &rb_self.session);
+        let value = result?;
+        warned.map(|()| value)
     })
+}
+
+/// Prints each of the session's pending notices with `Kernel#warn`, as the program's own code
+/// (its allocations are sampled). Needs the GVL; may raise (a `Warning.warn` that raises), may
+/// lose the GVL, allocates.
+fn warn_notices(ruby: &Ruby, session: &Session) -> Result<(), Error> {
+    for message in session.take_notices() {
+        runtime::not_busy(|| {
+            ruby.module_kernel()
+                .funcall::<_, _, Value>("warn", (message.as_str(),))
+        })?;
+    }
+    Ok(())
 }
 
 fn owner_of(rb_self: &Obj<Recorder>) -> rb_sys::VALUE {
@@ -186,15 +204,11 @@ impl Recorder {
         self.session.is_running()
     }
 
-    /// `commit` -> number of recordings committed (0 when another commit/update is busy).
+    /// `commit` -> number of recordings committed (0 when another commit/update is busy). An
+    /// error an earlier postponed job hit is not raised here: it was that job's, and is warned
+    /// about once (`with_session`) and kept in `stats[:last_commit_error]`.
     fn commit(ruby: &Ruby, rb_self: &Self) -> Result<usize, Error> {
         with_session(ruby, rb_self, |session| {
-            if let Some(message) = session.take_job_error() {
-                return Err(heap_error(
-                    ruby,
-                    format!("a postponed commit failed: {message}"),
-                ));
-            }
             let outcome = session.with_vm(ruby, |vm| session.core.commit(vm))?;
             runtime::prune();
             match outcome {
@@ -333,6 +347,7 @@ fn stats_hash(ruby: &Ruby, session: &Session) -> Result<RHash, Error> {
         hash.aset(ruby.to_symbol(key), value)?;
     }
     hash.aset(ruby.to_symbol("last_commit_error"), session.job_error())?;
+    hash.aset(ruby.to_symbol("lifetime_job_errors"), session.job_errors())?;
     let st = *session.sampler.stats.borrow();
     for (key, value) in [
         ("sampler_allocations_seen", st.allocations_seen),

@@ -122,7 +122,8 @@ fn sample(session: &Session, object: VALUE, busy: bool) {
             crate::errors::panic_message(&*panic)
         ),
     };
-    // The commit job warns, and the runtime removes the hooks if no session runs any more.
+    // The commit job removes the hooks if no session runs any more; the next call into the
+    // recorder warns.
     session.disable(reason);
     jobs::request_commit();
 }

@@ -10,11 +10,10 @@ use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use magnus::{Error, Ruby, Value};
+use magnus::Ruby;
 use rb_sys::VALUE;
 
 use super::{busy::BusyGuard, listed, prune, Session};
-use magnus::prelude::*;
 
 #[cfg(ruby_gte_3_3)]
 mod handles {
@@ -110,19 +109,15 @@ fn for_each(ruby: &Ruby, pick: impl Fn(&Session) -> bool, work: impl Fn(&Ruby, &
     }
 }
 
-/// The commit job: commits every listed session with something pending, and prints a disabled
-/// session's warning. Runs with the GVL at a safe point; never raises (whatever it raised would
-/// surface in the Ruby code it interrupted), so errors are kept on the session.
+/// The commit job: commits every listed session with something pending, then unlists what has
+/// no work left (which removes the hooks of a disabled session). Runs with the GVL at a safe
+/// point; never raises (Ruby discards what a job raises), so errors are kept on the session, and
+/// never warns (the next call into the recorder does: `Session::take_notices`).
 extern "C" fn commit_job(_data: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         let Ok(ruby) = Ruby::get() else { return };
         let _busy = BusyGuard::enter();
         for_each(&ruby, Session::needs_job, |ruby, session| {
-            if let Some(message) = session.take_warning() {
-                // A user-defined Warning.warn may raise: ignore that rather than let it escape.
-                let _: Result<Value, Error> =
-                    ruby.module_kernel().funcall("warn", (message.as_str(),));
-            }
             session.commit_from_job(ruby);
         });
         prune();

@@ -27,10 +27,14 @@ pub struct Session {
     running: Cell<bool>,
     /// Test switch: when false, recordings wait for an explicit `commit`.
     postponed_commits: Cell<bool>,
-    /// The last error a postponed job hit (it cannot raise where it runs); reported by `stats`
-    /// and raised by the next explicit `commit`.
+    /// The last error a postponed job hit (it cannot raise where it runs); kept for `stats`
+    /// (`last_commit_error`) until a fork.
     job_error: RefCell<Option<String>>,
-    /// Why recording turned itself off, if it did; kept for good.
+    /// `job_error` is newer than the last warning about it (see `take_notices`).
+    job_error_unreported: Cell<bool>,
+    /// Errors postponed jobs hit (`stats[:lifetime_job_errors]`).
+    job_errors: Cell<u64>,
+    /// Why recording turned itself off, if it did; kept for good (a new recorder starts afresh).
     disabled_reason: RefCell<Option<String>>,
     /// The disabled reason was handed out to be warned about.
     warned: Cell<bool>,
@@ -63,6 +67,8 @@ impl Session {
             running: Cell::new(false),
             postponed_commits: Cell::new(true),
             job_error: RefCell::new(None),
+            job_error_unreported: Cell::new(false),
+            job_errors: Cell::new(0),
             disabled_reason: RefCell::new(None),
             warned: Cell::new(false),
             pid: Cell::new(std::process::id()),
@@ -122,24 +128,15 @@ impl Session {
         self.postponed_commits.set(enabled);
     }
 
-    /// The runtime has a reason to keep this session listed: it samples, has recordings for the
-    /// commit job, or a disabled reason nobody was told yet.
+    /// The runtime has a reason to keep this session listed: it samples, or has recordings for
+    /// the commit job.
     pub fn has_work(&self) -> bool {
-        !self.is_dropped() && (self.running.get() || self.has_pending() || self.unwarned())
+        !self.is_dropped() && (self.running.get() || self.has_pending())
     }
 
     /// The commit job has something to do here.
     pub fn needs_job(&self) -> bool {
-        !self.is_dropped() && (self.has_pending() || self.unwarned())
-    }
-
-    fn unwarned(&self) -> bool {
-        !self.warned.get()
-            && self
-                .disabled_reason
-                .try_borrow()
-                .map(|r| r.is_some())
-                .unwrap_or(false)
+        !self.is_dropped() && self.has_pending()
     }
 
     pub fn disabled_reason(&self) -> Option<String> {
@@ -147,7 +144,8 @@ impl Session {
     }
 
     /// Turns recording off for good, keeping the first reason. Never allocates a Ruby object or
-    /// raises (usable in the hook); the runtime stops the sampler and warns from a safe place.
+    /// raises (usable in the hook); the runtime removes the hooks from the commit job, and the
+    /// next call into the recorder from Ruby warns (`take_notices`).
     pub fn disable(&self, reason: String) {
         self.running.set(false);
         if let Ok(mut slot) = self.disabled_reason.try_borrow_mut() {
@@ -155,25 +153,44 @@ impl Session {
         }
     }
 
-    /// The warning to print about a disabled session, once.
-    pub fn take_warning(&self) -> Option<String> {
-        let reason = self.disabled_reason()?;
-        if self.warned.replace(true) {
-            return None;
+    /// The warnings nobody got yet, each handed out once: that recording was disabled, and the
+    /// last error a postponed job hit. Printed by the next call into the recorder from Ruby, not
+    /// by the job: a job runs wherever the interrupted thread was (inside a logger holding its
+    /// lock, say), and Ruby discards what it raises. Allocates (Rust) only when there is one.
+    pub fn take_notices(&self) -> Vec<String> {
+        let mut notices = Vec::new();
+        if let Some(reason) = self.disabled_reason() {
+            if !self.warned.replace(true) {
+                notices.push(format!("datadog_heap: heap recording disabled: {reason}"));
+            }
         }
-        Some(format!("datadog_heap: heap recording disabled: {reason}"))
+        if self.job_error_unreported.replace(false) {
+            if let Some(message) = self.job_error() {
+                notices.push(format!("datadog_heap: a postponed job failed: {message}"));
+            }
+        }
+        notices
     }
 
     pub fn job_error(&self) -> Option<String> {
-        self.job_error.borrow().clone()
+        self.job_error.try_borrow().ok()?.clone()
     }
 
-    pub fn take_job_error(&self) -> Option<String> {
-        self.job_error.borrow_mut().take()
+    pub fn job_errors(&self) -> u64 {
+        self.job_errors.get()
     }
 
     fn keep_job_error(&self, error: Error) {
-        *self.job_error.borrow_mut() = Some(error.to_string());
+        self.note_job_error(error.to_string());
+    }
+
+    /// Keeps `message` as the error a postponed job hit (public for the Testing module).
+    pub fn note_job_error(&self, message: String) {
+        if let Ok(mut slot) = self.job_error.try_borrow_mut() {
+            *slot = Some(message);
+        }
+        self.job_error_unreported.set(true);
+        self.job_errors.set(self.job_errors.get().saturating_add(1));
     }
 
     /// Windowed mode: whether a GC happened since the window timer last asked.
@@ -229,7 +246,11 @@ impl Session {
         }
         self.pid.set(pid);
         self.sampler.after_fork();
-        self.job_error.borrow_mut().take();
+        if let Ok(mut slot) = self.job_error.try_borrow_mut() {
+            slot.take();
+        }
+        self.job_error_unreported.set(false);
+        self.job_errors.set(0);
         self.core.after_fork()
     }
 }

@@ -19,10 +19,11 @@ pub struct CapturedStack<'a> {
 
 impl FrameSource for CapturedStack<'_> {
     /// Frame handles are iseqs and method entries: the same handle and line name the same frame
-    /// until the next GC (which may move it, or free it and reuse its slot), so the GC count is
-    /// the key's epoch. (A frame we see running is alive, so even a lazy sweep still finishing
-    /// the GC that set the count cannot free it; `rb_gc_count` moves at the start of the next
-    /// GC, before that one marks, moves or frees anything.) `VALUE` is a 64-bit integer here, as
+    /// until the next GC (which may free it and reuse its slot) or the next compaction move, so
+    /// `shims::frame_epoch` (GC count and moved-object count) is the key's epoch. (A frame we
+    /// see running is alive, so even a lazy sweep still finishing the GC that set the count
+    /// cannot free it; `rb_gc_count` moves at the start of the next GC, before that one marks or
+    /// frees anything, and every move bumps the moved count.) `VALUE` is a 64-bit integer here, as
     /// the key's handles are. Naming depends on the whole capture (a C frame takes the location
     /// of the Ruby frame below it; truncation counts the frames dropped) and on `max_frames`
     /// (the salt); the key holds all of it.
@@ -31,7 +32,7 @@ impl FrameSource for CapturedStack<'_> {
             frames: self.frames,
             lines: self.lines,
             salt: self.max_frames as u64,
-            epoch: self.gc_count,
+            epoch: shims::frame_epoch(self.gc_count),
         })
     }
 
