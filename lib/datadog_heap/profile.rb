@@ -114,6 +114,24 @@ module DatadogHeap
         merged
       end
 
+      # Absolute directories: each as given (expanded) and, when it exists and differs, its real
+      # path, since Ruby names files by either (Profile#top, Recorder#retainers).
+      def app_roots(value)
+        return [] if value.nil?
+
+        list = Array === value ? value : [value]
+        list.each_with_index.flat_map do |dir, i|
+          dir = Validate.path!(Array === value ? :"app_root[#{i}]" : :app_root, dir)
+          dir = File.expand_path(dir)
+          real = begin
+            File.realpath(dir)
+          rescue SystemCallError
+            dir
+          end
+          [dir, real].uniq
+        end
+      end
+
       # The app root `top` and `diff` use by default: Rails.root when Rails is loaded and has one,
       # else the current directory.
       def default_app_root
@@ -255,26 +273,9 @@ module DatadogHeap
         raise ArgumentError, "group must be one of #{GROUPS.map(&:inspect).join(", ")}, got #{Validate.describe(group)}"
       end
 
-      [group.to_s, app_roots(options.fetch(:app_root) { Profile.default_app_root })]
+      [group.to_s, Profile.app_roots(options.fetch(:app_root) { Profile.default_app_root })]
     end
 
-    # Absolute directories: each as given (expanded) and, when it exists and differs, its real
-    # path, since Ruby names files by either.
-    def app_roots(value)
-      return [] if value.nil?
-
-      list = Array === value ? value : [value]
-      list.each_with_index.flat_map do |dir, i|
-        dir = Validate.path!(Array === value ? :"app_root[#{i}]" : :app_root, dir)
-        dir = File.expand_path(dir)
-        real = begin
-          File.realpath(dir)
-        rescue SystemCallError
-          dir
-        end
-        [dir, real].uniq
-      end
-    end
 
     attr_reader :info
   end

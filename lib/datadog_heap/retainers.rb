@@ -81,20 +81,6 @@ module DatadogHeap
       "#<#{self.class} sites=#{sites.size} objects=#{objects.size} visited=#{visited} stopped=#{stopped.inspect}>"
     end
 
-    # Absolute directories (each expanded, and its real path when that differs), as Profile#top
-    # takes them.
-    def self.app_roots(value)
-      list = Array === value ? value : [value]
-      list.each_with_index.flat_map do |dir, i|
-        dir = File.expand_path(Validate.path!(Array === value ? :"app_root[#{i}]" : :app_root, dir))
-        real = begin
-          File.realpath(dir)
-        rescue SystemCallError
-          dir
-        end
-        [dir, real].uniq
-      end
-    end
 
     def self.describe(object)
       case object.status
@@ -393,7 +379,7 @@ module DatadogHeap
       Validate.integer!(:max_visited, o[:max_visited], 1, 2**32 - 2)
       Validate.positive_number!(:time_budget, o[:time_budget], 86_400)
       Validate.one_of!(:by, o[:by], RETAINERS_SORT_KEYS)
-      roots = Retainers.app_roots(o[:app_root].nil? ? Profile.default_app_root : o[:app_root])
+      roots = Profile.app_roots(o[:app_root].nil? ? Profile.default_app_root : o[:app_root])
       raw_sites = _native_retainer_targets(o[:top], o[:per_site], o[:by].to_s, roots)
       ids = raw_sites.flat_map { |s| s.last.map(&:first) }
       paths, visited, elapsed, stopped, depth_cut = _native_retainer_paths(ids, o[:max_depth], o[:max_visited], o[:time_budget].to_f)
