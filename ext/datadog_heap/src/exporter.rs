@@ -22,7 +22,7 @@ use magnus::{
 
 use crate::errors::{arg_error, OrRaise};
 use crate::recorder::{profile as recorder_profile, Recorder};
-use crate::runtime::guarded;
+use crate::runtime::{self, guarded};
 use crate::shims::thread_schedule;
 
 #[magnus::wrap(class = "DatadogHeap::Exporter", free_immediately)]
@@ -157,7 +157,9 @@ impl Exporter {
     /// :cancelled (interrupted) or :busy (another thread is flushing).
     fn flush(ruby: &Ruby, rb_self: &Self) -> Result<RArray, Error> {
         guarded(ruby, || {
-            let outcome = flush_without_gvl(&rb_self.uploader)?;
+            // Not busy while the GVL is released: other threads' allocations meanwhile are the
+            // program's, not our own work's.
+            let outcome = runtime::not_busy(|| flush_without_gvl(&rb_self.uploader))?;
             let (kind, message): (Option<&str>, Option<String>) = match outcome {
                 None => (
                     Some("cancelled"),
