@@ -47,9 +47,11 @@ RSpec.describe "windowed sampler" do
       running = hooks
       keep = []
       seen = Hash.new(0)
-      # Allocate in bursts and look at the hooks in between: windows open and close.
+      # Allocate in bursts and look at the hooks in between: windows open and close. Under
+      # GC_STRESS (a GC per allocation) bursts of 200, so the example stays under a minute.
+      burst = RecorderHelpers::GC_STRESSED ? 200 : 2_000
       400.times do
-        2_000.times { keep << Object.new }
+        burst.times { keep << Object.new }
         keep.clear if keep.size > 100_000
         seen[hooks[:newobj]] += 1
         sleep 0.001
@@ -185,9 +187,10 @@ RSpec.describe "windowed sampler" do
       reader, writer = IO.pipe
       pid = fork do
         reader.close
-        keep = Array.new(200_000) { Object.new }
+        many = RecorderHelpers::GC_STRESSED ? 2_000 : 200_000 # a GC per allocation under GC_STRESS
+        keep = Array.new(many) { Object.new }
         sleep 0.1
-        keep.concat(Array.new(200_000) { Object.new })
+        keep.concat(Array.new(many) { Object.new })
         writer.write(Marshal.dump([timer_threads, rec.stats[:sampler_windows_opened], rec.running?, keep.size]))
         writer.close
         exit!(0)
