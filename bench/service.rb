@@ -43,6 +43,9 @@ VARIANTS = {
   BASELINE => nil,
   "no profiler (again)" => nil,
   "empty NEWOBJ hook (VM floor)" => ->(_) { {"RUBYOPT" => "-I#{ServiceCluster::LIB} -r#{File.join(__dir__, "service", "empty_hook.rb")}"} },
+  # The hook and auto mode's machinery (writer thread, updates, profiles of nothing) without a
+  # single sample: what the samplers' rows cost beyond it is sampling and what it records.
+  "countdown, never sampling" => profiled.call("DATADOG_HEAP_SAMPLE_EVERY" => (2**32 - 1).to_s),
   "countdown sampler, default settings" => profiled.call,
   "windowed sampler (sample_every 4096)" => profiled.call("DATADOG_HEAP_SAMPLER" => "windowed"),
 }.freeze
