@@ -106,13 +106,11 @@ module DatadogHeap
         singleton_class: Kernel.instance_method(:singleton_class),
       }.freeze
       EQUAL = BasicObject.instance_method(:equal?)
-      MODULE_NAME = Module.instance_method(:name)
       MODULE_CONSTANTS = Module.instance_method(:constants)
       MODULE_CONST_GET = Module.instance_method(:const_get)
       MODULE_AUTOLOAD = Module.instance_method(:autoload?)
       MODULE_CVARS = Module.instance_method(:class_variables)
       MODULE_CVAR_GET = Module.instance_method(:class_variable_get)
-      HASH_EACH_PAIR = Hash.instance_method(:each_pair)
       HASH_DEFAULT = Hash.instance_method(:default)
       HASH_DEFAULT_PROC = Hash.instance_method(:default_proc)
       ARRAY_INDEX = Array.instance_method(:index)
@@ -128,8 +126,6 @@ module DatadogHeap
       THREAD_VARIABLES = Thread.instance_method(:thread_variables)
       THREAD_VARIABLE_GET = Thread.instance_method(:thread_variable_get)
       THREAD_NAME = Thread.instance_method(:name)
-      RANGE_BEGIN = Range.instance_method(:begin)
-      RANGE_END = Range.instance_method(:end)
       # What a hostile object's methods may raise while we look at it.
       FAILURES = [StandardError, SystemStackError].freeze
       # The GC's names for its roots, as a reader would say them.
@@ -185,7 +181,7 @@ module DatadogHeap
       end
 
       def module_name(mod)
-        name = MODULE_NAME.bind_call(mod)
+        name = Validate::MODULE_NAME.bind_call(mod)
         name && !name.start_with?("#<") ? name : nil
       end
 
@@ -286,12 +282,12 @@ module DatadogHeap
       end
 
       def hash_value(hash, key)
-        HASH_EACH_PAIR.bind_call(hash) { |k, v| return v if EQUAL.bind_call(k, key) }
+        Validate::HASH_EACH_PAIR.bind_call(hash) { |k, v| return v if EQUAL.bind_call(k, key) }
         nil
       end
 
       def hash_edge(hash, child)
-        HASH_EACH_PAIR.bind_call(hash) do |key, value|
+        Validate::HASH_EACH_PAIR.bind_call(hash) do |key, value|
           return "[#{Validate.show(key)}]" if EQUAL.bind_call(value, child)
           return "key #{Validate.show(key)}" if EQUAL.bind_call(key, child)
         end
@@ -329,9 +325,9 @@ module DatadogHeap
       end
 
       def range_edge(range, child)
-        return "begin" if EQUAL.bind_call(RANGE_BEGIN.bind_call(range), child)
+        return "begin" if EQUAL.bind_call(Validate::RANGE_BEGIN.bind_call(range), child)
 
-        "end" if EQUAL.bind_call(RANGE_END.bind_call(range), child)
+        "end" if EQUAL.bind_call(Validate::RANGE_END.bind_call(range), child)
       end
 
       def ivar_edge(object, child)

@@ -29,7 +29,7 @@ module DatadogHeap
       # Pyroscope only.
       def new(backend:, url:, tags: [], timeout: DEFAULTS[:timeout], max_queue: DEFAULTS[:max_queue],
         app_name: nil, auth_token: nil, tenant_id: nil)
-        raise ArgumentError, "backend must be one of #{BACKENDS.inspect}, got #{backend.inspect}" unless BACKENDS.include?(backend)
+        Validate.one_of!(:backend, backend, BACKENDS)
 
         string!(:url, url)
         raise TypeError, "tags must be an Array of Strings, got #{tags.inspect}" unless tags.is_a?(Array) && tags.all?(String)
@@ -37,8 +37,7 @@ module DatadogHeap
         unless timeout.to_f.finite? && timeout > 0 && timeout <= MAX_TIMEOUT
           raise ArgumentError, "timeout must be more than 0 and at most #{MAX_TIMEOUT} seconds, got #{timeout}"
         end
-        raise TypeError, "max_queue must be an Integer, got #{max_queue.inspect}" unless max_queue.is_a?(Integer)
-        raise ArgumentError, "max_queue must be between 1 and #{MAX_QUEUE}, got #{max_queue}" unless max_queue.between?(1, MAX_QUEUE)
+        Validate.integer!(:max_queue, max_queue, 1, MAX_QUEUE)
 
         pyroscope = backend == :pyroscope
         {app_name: app_name, auth_token: auth_token, tenant_id: tenant_id}.each do |name, value|
@@ -55,7 +54,7 @@ module DatadogHeap
       private
 
       def string!(name, value)
-        raise TypeError, "#{name} must be a String, got #{value.inspect}" unless value.is_a?(String)
+        raise TypeError, "#{name} must be a String, got #{Validate.describe(value)}" unless value.is_a?(String)
       end
     end
 

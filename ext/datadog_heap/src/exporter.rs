@@ -15,13 +15,12 @@ use datadog_heap_core::exporter::{
     Backend, CancellationToken, FailureKind, FlushOutcome, PendingUpload, ProfileUploader,
     UploaderConfig,
 };
-use datadog_heap_core::StatValue;
 use magnus::{
-    function, method, prelude::*, Error, IntoValue, RArray, RHash, RModule, RString, Ruby, Value,
+    function, method, prelude::*, Error, IntoValue, RArray, RHash, RModule, RString, Ruby,
 };
 
 use crate::errors::{arg_error, OrRaise};
-use crate::recorder::{profile as recorder_profile, Recorder};
+use crate::recorder::{profile as recorder_profile, stat_value, Recorder};
 use crate::runtime::{self, guarded};
 use crate::shims::thread_schedule;
 
@@ -197,11 +196,7 @@ impl Exporter {
             let (counts, last_error) = rb_self.uploader.stats();
             let hash = ruby.hash_new();
             for (key, value) in counts {
-                let value: Value = match value {
-                    StatValue::Count(c) => c.into_value_with(ruby),
-                    StatValue::Ratio(r) => r.into_value_with(ruby),
-                };
-                hash.aset(ruby.to_symbol(key), value)?;
+                hash.aset(ruby.to_symbol(key), stat_value(ruby, value))?;
             }
             hash.aset(ruby.to_symbol("upload_last_error"), last_error)?;
             Ok(hash)

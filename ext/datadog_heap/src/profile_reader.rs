@@ -106,6 +106,18 @@ fn value_type(ruby: &Ruby, t: &SampleType) -> RArray {
     ])
 }
 
+/// `by` as the report ranks sites: "size" (live bytes) or "count" (live objects).
+pub(crate) fn sort_by(ruby: &Ruby, by: &str) -> Result<SortBy, Error> {
+    match by {
+        "size" => Ok(SortBy::Size),
+        "count" => Ok(SortBy::Count),
+        other => Err(arg_error(
+            ruby,
+            format!("by must be \"size\" or \"count\", got {other:?}"),
+        )),
+    }
+}
+
 /// What `_native_top` and `_native_diff` are asked: `by` "size" or "count", `group` "site",
 /// "location", "file", "gem" or "class", and the app root directories (absolute).
 fn site_options(
@@ -114,16 +126,7 @@ fn site_options(
     group: &str,
     app_root: Vec<String>,
 ) -> Result<SiteOptions, Error> {
-    let by = match by {
-        "size" => SortBy::Size,
-        "count" => SortBy::Count,
-        other => {
-            return Err(arg_error(
-                ruby,
-                format!("by must be \"size\" or \"count\", got {other:?}"),
-            ))
-        }
-    };
+    let by = sort_by(ruby, by)?;
     let group = match group {
         "site" => GroupBy::Site,
         "location" => GroupBy::Location,

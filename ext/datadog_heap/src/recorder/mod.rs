@@ -334,17 +334,21 @@ impl Recorder {
     }
 }
 
+/// One of the core's stat values as Ruby sees it: an Integer count or a Float ratio.
+pub(crate) fn stat_value(ruby: &Ruby, value: StatValue) -> Value {
+    match value {
+        StatValue::Count(c) => c.into_value_with(ruby),
+        StatValue::Ratio(r) => r.into_value_with(ruby),
+    }
+}
+
 /// `stats`: the core's counters (the reference's keys first), then the sampler's and the
 /// session's.
 fn stats_hash(ruby: &Ruby, session: &Session) -> Result<RHash, Error> {
     let stats = session.core.stats().or_raise(ruby)?;
     let hash = ruby.hash_new();
     for (key, value) in stats.entries() {
-        let value = match value {
-            StatValue::Count(c) => c.into_value_with(ruby),
-            StatValue::Ratio(r) => r.into_value_with(ruby),
-        };
-        hash.aset(ruby.to_symbol(key), value)?;
+        hash.aset(ruby.to_symbol(key), stat_value(ruby, value))?;
     }
     hash.aset(ruby.to_symbol("last_commit_error"), session.job_error())?;
     hash.aset(ruby.to_symbol("lifetime_job_errors"), session.job_errors())?;

@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use datadog_heap_core::{
-    find_root_paths, pick_targets, AppRoot, GroupBy, HeapGraph, SearchLimits, SiteOptions, SortBy,
+    find_root_paths, pick_targets, AppRoot, GroupBy, HeapGraph, SearchLimits, SiteOptions,
 };
 use magnus::{
     rb_sys::{AsRawValue, FromRawValue},
@@ -29,7 +29,7 @@ use rb_sys::VALUE;
 use super::{with_session, Recorder};
 use crate::errors::{arg_error, heap_error, OrRaise};
 use crate::shims::{self, objspace};
-use crate::weak_map;
+use crate::{profile_reader, weak_map};
 
 /// The root category left out (see the module docs).
 const CALLER_MACHINE_STACK: &str = "machine_context";
@@ -58,16 +58,7 @@ pub fn retainer_targets(
                 format!("top * per_site must be between 1 and {MAX_TARGETS}, got top: {top}, per_site: {per_site}"),
             ));
         }
-        let by = match by.as_str() {
-            "size" => SortBy::Size,
-            "count" => SortBy::Count,
-            other => {
-                return Err(arg_error(
-                    ruby,
-                    format!("by must be \"size\" or \"count\", got {other:?}"),
-                ))
-            }
-        };
+        let by = profile_reader::sort_by(ruby, &by)?;
         let snapshot = session.with_vm(ruby, |vm| session.core.prepare_iteration(vm))?;
         session.core.finish_iteration().or_raise(ruby)?;
         let options = SiteOptions {
