@@ -43,6 +43,19 @@ pub enum HeapError {
     #[error("no iteration was prepared")]
     NoIterationPrepared,
 
+    /// The thread holding the recorder's lock asked for it again: a signal trap or finalizer ran
+    /// inside the recorder's own update or commit (the VM runs them inside our calls).
+    #[error(
+        "this thread is already inside the recorder's own update or commit (a signal trap or \
+finalizer interrupted it), so it cannot wait for it; take the profile outside the trap, for \
+example in a new Thread"
+    )]
+    Reentrant,
+
+    /// Another thread held the recorder's lock past the wait bound.
+    #[error("gave up after waiting {waited_ms} ms for another thread's update or commit of this recorder")]
+    LockTimeout { waited_ms: i64 },
+
     #[error("string storage: {0}")]
     Strings(String),
 

@@ -31,6 +31,8 @@ pub struct FakeVm {
     pub lookup_calls: usize,
     pub size_measurements: usize,
     pub yields: usize,
+    /// The thread the tests run as (what `current_thread` answers).
+    pub thread: crate::lock::ThreadId,
     next_object: ObjectRef,
 }
 
@@ -38,6 +40,7 @@ impl FakeVm {
     pub fn new() -> Self {
         FakeVm {
             now: 10_000_000_000,
+            thread: 1,
             next_object: 8,
             ..Default::default()
         }
@@ -153,6 +156,10 @@ impl Vm for FakeVm {
     fn yield_thread(&mut self) -> Result<()> {
         self.yields += 1;
         Ok(())
+    }
+
+    fn current_thread(&self) -> crate::lock::ThreadId {
+        self.thread
     }
 
     fn gc_count(&self) -> u64 {

@@ -45,6 +45,9 @@ pub trait Vm {
     /// to this thread meanwhile (Thread#raise, Thread#kill, Timeout): the wait is abandoned.
     fn yield_thread(&mut self) -> Result<()>;
 
+    /// The calling thread, as the recorder's lock names its holder (never 0).
+    fn current_thread(&self) -> crate::lock::ThreadId;
+
     /// Number of GCs so far: the generation objects are aged by.
     fn gc_count(&self) -> u64;
 

@@ -453,7 +453,7 @@ impl HeapRecorder {
     ///
     /// Needs the GVL; may lose it and may allocate (through `vm`).
     pub fn commit(&self, vm: &mut dyn Vm) -> Result<CommitOutcome> {
-        if !self.lock.try_lock() {
+        if !self.lock.try_lock(vm.current_thread()) {
             self.state()?.lifetime.commits_skipped_locked += 1;
             return Ok(CommitOutcome::SkippedLocked);
         }

@@ -2,6 +2,9 @@ use super::*;
 use crate::fake_vm::FakeVm;
 use crate::recorder::update::{UpdateKind, UpdateOutcome, OLD_AGE};
 
+/// A thread other than the fake VM's own (which is 1), as holder of the soft lock.
+const OTHER_THREAD: crate::lock::ThreadId = 2;
+
 fn frames(site: &'static str, line: i32) -> Vec<RawFrame<'static>> {
     vec![
         RawFrame {
@@ -72,6 +75,9 @@ fn commit_drains_newest_first() {
         fn yield_thread(&mut self) -> Result<()> {
             Ok(())
         }
+        fn current_thread(&self) -> crate::lock::ThreadId {
+            self.0.current_thread()
+        }
         fn gc_count(&self) -> u64 {
             self.0.gc_count()
         }
@@ -106,7 +112,7 @@ fn commit_skips_while_locked() {
     let rec = HeapRecorder::default();
     let mut vm = FakeVm::new();
     record(&rec, &mut vm, "a", 1);
-    assert!(rec.lock().try_lock());
+    assert!(rec.lock().try_lock(OTHER_THREAD));
     assert_eq!(rec.commit(&mut vm).unwrap(), CommitOutcome::SkippedLocked);
     assert_eq!(rec.stats().unwrap().lifetime.commits_skipped_locked, 1);
     rec.lock().unlock();
@@ -296,7 +302,7 @@ fn weight_overflow_is_an_error_that_leaves_nothing_behind() {
 fn recording_skips_while_the_lock_is_held() {
     let rec = HeapRecorder::default();
     let mut vm = FakeVm::new();
-    assert!(rec.lock().try_lock());
+    assert!(rec.lock().try_lock(OTHER_THREAD));
     let o = vm.alloc(1);
     let r = rec
         .record_allocation(o, 1, None, &frames("a", 1), 0)
@@ -428,7 +434,7 @@ fn young_update_skips_when_locked_but_full_waits() {
     let rec = HeapRecorder::default();
     let mut vm = FakeVm::new();
     vm.gc();
-    assert!(rec.lock().try_lock());
+    assert!(rec.lock().try_lock(OTHER_THREAD));
     assert_eq!(
         rec.update(&mut vm, UpdateKind::Young).unwrap(),
         UpdateOutcome::SkippedConcurrent
@@ -450,6 +456,9 @@ fn young_update_skips_when_locked_but_full_waits() {
                 self.0.lock().unlock();
             }
             Ok(())
+        }
+        fn current_thread(&self) -> crate::lock::ThreadId {
+            self.1.thread
         }
         fn gc_count(&self) -> u64 {
             self.1.gc
@@ -639,15 +648,15 @@ fn after_fork_with_dangling_snapshot_and_held_lock() {
     record(&rec, &mut vm, "b", 1);
     vm.gc();
     let _snap = rec.prepare_iteration(&mut vm).unwrap();
-    assert!(rec.lock().try_lock());
+    assert!(rec.lock().try_lock(OTHER_THREAD));
     // Leave WANTED | HELD set, as a fork in the middle of a wait would.
     rec.lock()
-        .lock(|| -> Result<()> {
+        .lock(1, 0, &mut || -> Result<i64> {
             rec.lock().reset();
-            Ok(())
+            Ok(0)
         })
         .unwrap();
-    assert!(!rec.lock().try_lock());
+    assert!(!rec.lock().try_lock(OTHER_THREAD));
     assert!(rec.stats().unwrap().lifetime.updates_successful > 0);
 
     rec.after_fork().unwrap();
@@ -748,6 +757,9 @@ fn full_update_abandoned_by_an_interrupt_leaves_the_lock_usable() {
         fn yield_thread(&mut self) -> Result<()> {
             Err(HeapError::Host("Interrupt".into()))
         }
+        fn current_thread(&self) -> crate::lock::ThreadId {
+            self.0.thread
+        }
         fn gc_count(&self) -> u64 {
             self.0.gc
         }
@@ -757,7 +769,7 @@ fn full_update_abandoned_by_an_interrupt_leaves_the_lock_usable() {
     }
     let rec = HeapRecorder::default();
     let mut vm = Interrupted(FakeVm::new());
-    assert!(rec.lock().try_lock()); // a commit in another thread holds it
+    assert!(rec.lock().try_lock(OTHER_THREAD)); // a commit in another thread holds it
     assert_eq!(
         rec.update(&mut vm, UpdateKind::Full).unwrap_err(),
         HeapError::Host("Interrupt".into())
@@ -1068,4 +1080,29 @@ fn short_lived_arrivals_that_aged_past_young_make_a_young_update_walk() {
     // They aged past young: dropped by the walk, counted as skipped, not dead.
     assert_eq!((last.objects_dead, last.skipped_objects_dropped), (0, 10));
     assert_eq!(rec.stats().unwrap().num_object_records, 20);
+}
+
+#[test]
+fn the_lock_holder_asking_for_a_full_update_is_refused_not_left_waiting() {
+    // A signal trap or finalizer runs inside the holder's own VM call, on the holder's thread.
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    record(&rec, &mut vm, "a", 1);
+    assert!(rec.lock().try_lock(vm.thread));
+    assert_eq!(
+        rec.update(&mut vm, UpdateKind::Full).unwrap_err(),
+        HeapError::Reentrant
+    );
+    assert_eq!(vm.yields, 0, "it never waited for itself");
+    assert_eq!(rec.commit(&mut vm).unwrap(), CommitOutcome::SkippedLocked);
+    assert_eq!(
+        rec.lock().holder(),
+        Some(vm.thread),
+        "the holder keeps its lock"
+    );
+    rec.lock().unlock();
+    assert!(matches!(
+        rec.update(&mut vm, UpdateKind::Full).unwrap(),
+        UpdateOutcome::Done(_)
+    ));
 }

@@ -51,9 +51,14 @@ impl HeapRecorder {
     /// from `vm` the lock is released and the records visited so far keep their new state.
     pub fn update(&self, vm: &mut dyn Vm, kind: UpdateKind) -> Result<UpdateOutcome> {
         let full = kind == UpdateKind::Full;
+        let me = vm.current_thread();
         if full {
-            self.lock.lock(|| vm.yield_thread())?;
-        } else if !self.lock.try_lock() {
+            let started = vm.now_ns();
+            self.lock.lock(me, started, &mut || {
+                vm.yield_thread()?;
+                Ok(vm.now_ns())
+            })?;
+        } else if !self.lock.try_lock(me) {
             self.state()?.lifetime.updates_skipped_concurrent += 1;
             return Ok(UpdateOutcome::SkippedConcurrent);
         }
