@@ -70,6 +70,10 @@ RSpec.describe "uploading profiles" do
       @thread.join
       @clients.each(&:close)
     end
+
+    def connections
+      @clients.size
+    end
   end
 
   def dead_url
@@ -208,6 +212,40 @@ RSpec.describe "uploading profiles" do
       expect(child_events.size).to eq(2)
       expect(child_events.last["tags_profiler"].split(",")).to include("pid:#{pid}")
       expect(parent_event["tags_profiler"].split(",")).to include("pid:#{Process.pid}")
+    end
+  end
+
+  describe "in a child forked while another thread flushes" do
+    it "uploads with state of the child's own, not the parent's flush that holds the locks" do
+      hanging = HangingServer.new
+      exporter = DatadogHeap::Exporter.new(backend: :agent, url: hanging.url, tags: ["service:shop"], timeout: 1)
+      exporter.enqueue("\x1f\x8b parent".b, start_ns: now_ns, end_ns: now_ns)
+      flusher = Thread.new { exporter.flush }
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
+      sleep 0.01 until hanging.connections > 0 || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      expect(hanging.connections).to be > 0 # the parent's flush is in flight
+      reader, writer = IO.pipe
+      pid = fork do
+        reader.close
+        queued = exporter.stats[:upload_queue_length]
+        exporter.enqueue("\x1f\x8b child".b, start_ns: now_ns, end_ns: now_ns)
+        # Nobody answers the child either (the server's thread stayed in the parent): a timeout,
+        # which is a real attempt, where the inherited state answered :busy forever.
+        writer.write(Marshal.dump([queued, exporter.flush[0..1], exporter.stats[:upload_queue_length]]))
+        writer.close
+        exit!(0)
+      end
+      writer.close
+      raise "the child did not answer within 20 s" unless reader.wait_readable(20)
+
+      queued, flushed, left = Marshal.load(reader.read) # rubocop:disable Security/MarshalLoad
+      Process.wait(pid)
+      expect(queued).to eq(0) # the parent's profile stays the parent's
+      expect(flushed).to eq([0, :timeout])
+      expect(left).to eq(1)
+      expect(flusher.value[0..1]).to eq([0, :timeout])
+    ensure
+      hanging&.stop
     end
   end
 

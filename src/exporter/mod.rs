@@ -13,10 +13,15 @@
 //! see [`UploadStats`].
 //!
 //! Threads and fork: `flush` blocks its caller (libdd-profiling's exporter runs a current-thread
-//! runtime on the calling thread), so the binding calls it without the GVL. The HTTP client is
-//! created with the uploader and belongs to its process: in a forked child a flush leaks the
-//! parent's client (its runtime's threads do not exist there; dropping it could wait on them) and
-//! builds a new one. Nothing here keeps a process from exiting.
+//! runtime on the calling thread), so the binding calls it without the GVL. Everything an
+//! uploader locks (its queue, its HTTP client, its last error) lives in a [`ProcessState`] that
+//! belongs to one process: a fork can happen while another thread holds any of those mutexes, and
+//! the child would inherit them locked with no thread left to unlock them. So the first use in a
+//! new process replaces the state with an empty one of its own and leaks the parent's (its
+//! runtime's threads do not exist there; dropping it could wait on them). The parent's queued
+//! profiles stay the parent's to send. Dropping an uploader never blocks its caller (it may run
+//! in a GC sweep): a client is dropped on a thread of its own. Nothing here keeps a process from
+//! exiting.
 
 mod multipart;
 mod request;
@@ -25,8 +30,8 @@ mod request;
 mod tests;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, TryLockError};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::time::{Duration, SystemTime};
 
 pub use tokio_util::sync::CancellationToken;
@@ -161,20 +166,34 @@ fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
-/// The HTTP client of one process.
-struct Client {
+/// What an uploader locks, for one process (see the module docs).
+struct ProcessState {
     pid: u32,
-    inner: request::BackendClient,
+    queue: Mutex<VecDeque<PendingUpload>>,
+    /// Built at the first flush in this process (or by `new`, which checks the configuration).
+    client: Mutex<Option<request::BackendClient>>,
+    last_error: Mutex<Option<String>>,
+}
+
+impl ProcessState {
+    fn new(pid: u32, client: Option<request::BackendClient>) -> Self {
+        ProcessState {
+            pid,
+            queue: Mutex::new(VecDeque::new()),
+            client: Mutex::new(client),
+            last_error: Mutex::new(None),
+        }
+    }
 }
 
 /// Sends profiles to one backend; see the module docs. `Send + Sync`: `enqueue` and `stats` may
 /// run on any thread while another flushes.
 pub struct ProfileUploader {
     config: UploaderConfig,
-    queue: Mutex<VecDeque<PendingUpload>>,
-    client: Mutex<Option<Client>>,
+    /// This process's state: a `Box` leaked into the pointer, replaced (and the old one leaked
+    /// for good) at the first use after a fork, freed by `Drop` in the process that owns it.
+    state: AtomicPtr<ProcessState>,
     stats: UploadStats,
-    last_error: Mutex<Option<String>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -200,17 +219,38 @@ impl ProfileUploader {
                 value: format!("{:?}", config.timeout),
             });
         }
-        let inner = request::BackendClient::new(&config)?;
+        let client = request::BackendClient::new(&config)?;
+        let state = ProcessState::new(current_pid(), Some(client));
         Ok(ProfileUploader {
-            client: Mutex::new(Some(Client {
-                pid: std::process::id(),
-                inner,
-            })),
             config,
-            queue: Mutex::new(VecDeque::new()),
+            state: AtomicPtr::new(Box::into_raw(Box::new(state))),
             stats: UploadStats::default(),
-            last_error: Mutex::new(None),
         })
+    }
+
+    /// This process's state, a fresh one at the first use after a fork (see the module docs).
+    fn state(&self) -> &ProcessState {
+        let pid = current_pid();
+        let current = self.state.load(Ordering::Acquire);
+        // SAFETY: the pointer always comes from `Box::into_raw`, and a state is only freed by
+        // `Drop` (which has `&mut self`, so no reference from here is alive) or never (a replaced
+        // one is leaked), so it is valid for as long as `self` is borrowed.
+        let state = unsafe { &*current };
+        if state.pid == pid {
+            return state;
+        }
+        let fresh = Box::into_raw(Box::new(ProcessState::new(pid, None)));
+        match (self.state).compare_exchange(current, fresh, Ordering::AcqRel, Ordering::Acquire) {
+            // SAFETY: as above; `fresh` now lives in the pointer and is never freed but by Drop.
+            Ok(_) => unsafe { &*fresh },
+            Err(winner) => {
+                // Another thread of this process replaced it first: use that one.
+                // SAFETY: `fresh` was never shared, so this is its only owner.
+                drop(unsafe { Box::from_raw(fresh) });
+                // SAFETY: as above.
+                unsafe { &*winner }
+            }
+        }
     }
 
     pub fn config(&self) -> &UploaderConfig {
@@ -221,7 +261,7 @@ impl ProfileUploader {
     /// as `upload_dropped_queue_full`). Returns whether one was dropped. Never blocks on a flush.
     pub fn enqueue(&self, profile: PendingUpload) -> bool {
         bump(&self.stats.enqueued);
-        let mut queue = lock(&self.queue);
+        let mut queue = lock(&self.state().queue);
         queue.push_back(profile);
         self.trim(&mut queue)
     }
@@ -238,7 +278,7 @@ impl ProfileUploader {
     }
 
     pub fn queue_len(&self) -> usize {
-        lock(&self.queue).len()
+        lock(&self.state().queue).len()
     }
 
     /// Sends the queued profiles, oldest first, until the queue is empty or one fails to reach
@@ -246,7 +286,8 @@ impl ProfileUploader {
     /// `cancel` is cancelled. Returns at once, `busy`, when another thread is flushing.
     pub fn flush(&self, cancel: &CancellationToken) -> FlushOutcome {
         let mut outcome = FlushOutcome::default();
-        let mut slot = match self.client.try_lock() {
+        let state = self.state();
+        let mut slot = match state.client.try_lock() {
             Ok(guard) => guard,
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(TryLockError::WouldBlock) => {
@@ -254,7 +295,7 @@ impl ProfileUploader {
                 return outcome;
             }
         };
-        let client = match self.client_for_this_process(&mut slot) {
+        let client = match self.client(&mut slot) {
             Ok(client) => client,
             Err(failure) => {
                 self.count_failure(&failure, None);
@@ -266,7 +307,7 @@ impl ProfileUploader {
             if cancel.is_cancelled() {
                 break;
             }
-            let Some(mut profile) = lock(&self.queue).pop_front() else {
+            let Some(mut profile) = lock(&state.queue).pop_front() else {
                 break;
             };
             bump(&self.stats.attempts);
@@ -286,7 +327,7 @@ impl ProfileUploader {
                     self.count_failure(&failure, Some(&profile));
                     let stop = retry;
                     if retry && profile.failures < MAX_ATTEMPTS {
-                        let mut queue = lock(&self.queue);
+                        let mut queue = lock(&state.queue);
                         queue.push_front(profile);
                         self.trim(&mut queue);
                     }
@@ -298,34 +339,27 @@ impl ProfileUploader {
             }
         }
         if outcome.failure.is_none() && outcome.sent > 0 {
-            *lock(&self.last_error) = None;
+            *lock(&state.last_error) = None;
         }
         outcome
     }
 
-    /// The client, built anew in a process other than the one that built it (see module docs).
-    fn client_for_this_process<'a>(
+    /// This process's client, built at its first flush here (see the module docs).
+    fn client<'a>(
         &self,
-        slot: &'a mut Option<Client>,
+        slot: &'a mut Option<request::BackendClient>,
     ) -> std::result::Result<&'a request::BackendClient, UploadFailure> {
-        let pid = std::process::id();
-        if slot.as_ref().is_some_and(|c| c.pid != pid) {
-            // The parent's runtime and connections: never used nor dropped here.
-            std::mem::forget(slot.take());
-        }
         if slot.is_none() {
-            let inner = request::BackendClient::new(&self.config).map_err(|e| UploadFailure {
+            let client = request::BackendClient::new(&self.config).map_err(|e| UploadFailure {
                 kind: FailureKind::Connection,
                 message: format!("could not set up the HTTP client: {e}"),
             })?;
-            *slot = Some(Client { pid, inner });
+            *slot = Some(client);
         }
-        slot.as_ref()
-            .map(|c| &c.inner)
-            .ok_or_else(|| UploadFailure {
-                kind: FailureKind::Connection,
-                message: "no HTTP client".into(),
-            })
+        slot.as_ref().ok_or_else(|| UploadFailure {
+            kind: FailureKind::Connection,
+            message: "no HTTP client".into(),
+        })
     }
 
     fn count_failure(&self, failure: &UploadFailure, profile: Option<&PendingUpload>) {
@@ -347,7 +381,7 @@ impl ProfileUploader {
                 bump(&self.stats.dropped_retries_exhausted);
             }
         }
-        *lock(&self.last_error) = Some(failure.message.clone());
+        *lock(&self.state().last_error) = Some(failure.message.clone());
     }
 
     /// The counters, by the names `stats` gives them in Ruby, and the last error (None once a
@@ -376,19 +410,45 @@ impl ProfileUploader {
                 StatValue::Count(self.queue_len() as u64),
             ),
         ];
-        (counts, lock(&self.last_error).clone())
+        (counts, lock(&self.state().last_error).clone())
     }
 }
 
 impl Drop for ProfileUploader {
     fn drop(&mut self) {
-        let slot = self
-            .client
-            .get_mut()
-            .unwrap_or_else(PoisonError::into_inner);
-        if slot.as_ref().is_some_and(|c| c.pid != std::process::id()) {
+        let current = *self.state.get_mut();
+        // SAFETY: from `Box::into_raw`, and `&mut self` means no reference from `state()` lives.
+        let state = unsafe { &*current };
+        if state.pid != current_pid() {
             // Inherited through fork: its runtime's threads are the parent's (see module docs).
-            std::mem::forget(slot.take());
+            return;
+        }
+        // SAFETY: this process's own state, owned by the pointer alone; nothing uses it after.
+        let state = unsafe { Box::from_raw(current) };
+        let client = state
+            .client
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(client) = client {
+            // Dropping libdd's runtime waits for its blocking threads (a DNS lookup in flight):
+            // never in the caller, which may be a GC sweep. If no thread can start, it leaks.
+            let handoff = Arc::new(Mutex::new(Some(client)));
+            let theirs = Arc::clone(&handoff);
+            let spawned = std::thread::Builder::new()
+                .name("datadog-heap-drop".into())
+                .spawn(move || drop(lock(&theirs).take()));
+            if spawned.is_err() {
+                std::mem::forget(lock(&handoff).take());
+            }
         }
     }
+}
+
+/// The process id, overridable in tests to act out a fork.
+fn current_pid() -> u32 {
+    #[cfg(test)]
+    if let Some(pid) = tests::FAKE_PID.with(std::cell::Cell::get) {
+        return pid;
+    }
+    std::process::id()
 }

@@ -11,6 +11,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::*;
 
+thread_local! {
+    /// What `current_pid` answers on this test's thread, to act out a fork.
+    pub(super) static FAKE_PID: std::cell::Cell<Option<u32>> = const { std::cell::Cell::new(None) };
+}
+
 /// One request as the server read it.
 #[derive(Debug)]
 struct Received {
@@ -373,7 +378,7 @@ fn cancel_ends_a_hanging_request_and_keeps_the_profile() {
     assert_eq!(uploader.queue_len(), 1);
     assert_eq!(stat(&uploader, "upload_failures_cancelled"), 1);
     // A cancelled attempt is not one of the profile's failures.
-    assert_eq!(lock(&uploader.queue)[0].failures, 0);
+    assert_eq!(lock(&uploader.state().queue)[0].failures, 0);
 }
 
 #[test]
@@ -385,7 +390,7 @@ fn full_queue_drops_the_oldest() {
     assert_eq!(uploader.queue_len(), 4);
     assert_eq!(stat(&uploader, "upload_dropped_queue_full"), 2);
     assert_eq!(stat(&uploader, "upload_profiles_enqueued"), 6);
-    assert_eq!(lock(&uploader.queue)[0].pprof[2], 3);
+    assert_eq!(lock(&uploader.state().queue)[0].pprof[2], 3);
 }
 
 #[test]
@@ -436,4 +441,35 @@ fn bad_configuration_is_an_invalid_argument() {
             Ok(_) => panic!("{name}: accepted"),
         }
     }
+}
+
+#[test]
+fn a_forked_child_gets_state_of_its_own_even_with_the_parents_mutexes_held() {
+    let (url, requests) = server(Answer::Status(202));
+    let uploader = agent(&url, Duration::from_secs(5));
+    uploader.enqueue(profile(1));
+    // The fork happens while other threads of the parent flush and enqueue: the child inherits
+    // the client, queue and last-error mutexes locked, with no thread left to unlock them.
+    let parent = uploader.state();
+    let _client = parent.client.lock().unwrap();
+    let _queue = parent.queue.lock().unwrap();
+    let _last_error = parent.last_error.lock().unwrap();
+    FAKE_PID.with(|pid| pid.set(Some(std::process::id() + 1)));
+
+    assert_eq!(
+        uploader.queue_len(),
+        0,
+        "the parent's queued profile stays the parent's"
+    );
+    uploader.enqueue(profile(2));
+    let outcome = uploader.flush(&CancellationToken::new());
+    assert!(!outcome.busy, "not the parent's flush in progress");
+    assert!(outcome.failure.is_none(), "{:?}", outcome.failure);
+    assert_eq!(outcome.sent, 1);
+    let sent = requests
+        .recv_timeout(Duration::from_secs(5))
+        .expect("a request");
+    assert!(sent.body.windows(3).any(|w| w == [0x1f, 0x8b, 2]));
+    assert_eq!(uploader.stats().1, None);
+    FAKE_PID.with(|pid| pid.set(None));
 }
