@@ -49,24 +49,30 @@ module DatadogHeap
   module WindowTimer
     @thread = nil
     @rate = nil
+    # Bumped by every start of a thread and every stop: a thread whose generation is no longer
+    # current ends at its next turn, and never writes its tick's rate back. A tick runs Ruby code
+    # (young updates) where other threads may run, stop the timer and start another meanwhile.
+    @generation = 0
 
     class << self
       def start(rate)
         @rate = rate
         return if @thread&.alive?
 
-        @thread = Thread.new { run }
+        generation = (@generation += 1)
+        @thread = Thread.new { run(generation) }
         @thread.name = "datadog_heap window timer"
         @thread.report_on_exception = false
       end
 
       # Stops the thread and waits for it. Not Thread#kill: the thread may be running one of the
       # extension's postponed jobs, where a kill would be swallowed (and kept as a job error);
-      # woken from its sleep, it sees no rate and returns.
+      # woken from its sleep, it sees it is no longer current and returns.
       def stop
         thread = @thread
         @thread = nil
         @rate = nil
+        @generation += 1
         return unless thread&.alive?
 
         begin
@@ -79,13 +85,23 @@ module DatadogHeap
 
       private
 
-      def run
-        while (rate = @rate)
+      def run(generation)
+        while @generation == generation && (rate = @rate)
           sleep(-Math.log(1.0 - rand) / rate)
-          @rate = DatadogHeap._native_window_tick
+          break unless @generation == generation
+
+          next_rate = DatadogHeap._native_window_tick
+          @rate = next_rate if @generation == generation
         end
       end
     end
+  end
+
+  # Whether the windowed sampler's timer may be a native thread here: not on Ruby 3.3.0 with M:N
+  # threads (RUBY_MN_THREADS=1), where triggering a postponed job from a native thread crashes
+  # the VM (Ruby bug #20016, fixed in 3.3.1). The timer is then a Ruby thread, as before 3.3.
+  def self.native_window_timer_safe?(version = RUBY_VERSION, env = ENV)
+    !(version == "3.3.0" && env["RUBY_MN_THREADS"] == "1")
   end
 
   # Stops all sampling before the first Ractor starts: allocation hooks are not Ractor-safe (on
@@ -104,6 +120,12 @@ begin
   require "datadog_heap/#{RUBY_VERSION[/\d+\.\d+/]}/datadog_heap"
 rescue LoadError
   require "datadog_heap/datadog_heap"
+end
+
+unless DatadogHeap.native_window_timer_safe?
+  DatadogHeap._native_use_ruby_timer(true)
+  warn "datadog_heap: Ruby 3.3.0 with RUBY_MN_THREADS=1 has bug #20016 (a postponed job triggered from a " \
+    "native thread crashes the VM); the windowed sampler's timer is a Ruby thread here (fixed in 3.3.1)"
 end
 
 require_relative "datadog_heap/recorder"

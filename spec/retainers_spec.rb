@@ -354,4 +354,37 @@ RSpec.describe "DatadogHeap::Recorder#retainers" do
       end
     end
   end
+
+  it "searches 10,000 objects with max_depth 10,000 in a bounded address space (no room made up front for the deepest paths)", :heavy do
+    reader, writer = IO.pipe
+    pid = fork do
+      reader.close
+      rec = manual_recorder
+      keep = $datadog_heap_spec_keep = Array.new(100) { |site| Array.new(100) { "kept #{site}" } }
+      keep.each_with_index do |objects, site|
+        objects.each_slice(200) do |slice|
+          slice.each { |o| record(rec, o, locations: [["make", "/spec/site#{site}.rb", 1]]) }
+          rec.commit
+        end
+      end
+      GC.start
+      # 10,000 ids times 10,002 slots was 800 MB reserved before the search began; give the
+      # child 300 MB more address space than it has.
+      vm_size = File.read("/proc/self/status")[/^VmSize:\s+(\d+) kB/, 1].to_i * 1024
+      Process.setrlimit(:AS, vm_size + 300 * 1024 * 1024)
+      result = rec.retainers(top: 100, per_site: 100, max_depth: 10_000)
+      statuses = result.sites.flat_map { |s| s.objects.map(&:status) }.tally
+      writer.write(Marshal.dump([:ok, statuses, keep.size]))
+    rescue Exception => e # rubocop:disable Lint/RescueException -- reported to the parent
+      writer.write(Marshal.dump([:error, "#{e.class}: #{e.message}"]))
+    ensure
+      writer.close
+      exit!(0)
+    end
+    writer.close
+    outcome = Marshal.load(reader.read) # rubocop:disable Security/MarshalLoad
+    Process.wait(pid)
+    expect(outcome[0]).to eq(:ok), outcome[1]
+    expect(outcome[1]).to eq(alive: 10_000)
+  end
 end

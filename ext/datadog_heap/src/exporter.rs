@@ -7,8 +7,6 @@
 //! An interrupt of that thread (Thread#kill, the VM ending it at exit) cancels the request in
 //! flight through the unblocking function; the profile stays queued.
 
-use std::ffi::c_void;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use datadog_heap_core::exporter::{
@@ -22,15 +20,12 @@ use magnus::{
 use crate::errors::{arg_error, OrRaise};
 use crate::recorder::{profile as recorder_profile, stat_value, Recorder};
 use crate::runtime::{self, guarded};
-use crate::shims::thread_schedule;
+use crate::shims::{self, IfRefused};
 
 #[magnus::wrap(class = "DatadogHeap::Exporter", free_immediately)]
 pub struct Exporter {
     uploader: ProfileUploader,
 }
-
-/// How many times a flush handles pending interrupts and tries again to release the GVL.
-const GVL_RELEASE_ATTEMPTS: usize = 3;
 
 fn time_from_ns(name: &str, ns: i64, ruby: &Ruby) -> Result<SystemTime, Error> {
     let ns = u64::try_from(ns).map_err(|_| {
@@ -143,8 +138,7 @@ impl Exporter {
                     format!("end must not be before start, got start {start_ns} and end {end_ns}"),
                 ));
             }
-            // SAFETY: the bytes are copied before any Ruby code can run or a GC can happen.
-            let bytes = unsafe { pprof.as_slice() }.to_vec();
+            let bytes = shims::string_bytes(pprof);
             Ok(rb_self
                 .uploader
                 .enqueue(PendingUpload::new(bytes, start, end)))
@@ -214,56 +208,9 @@ impl Exporter {
 /// nothing was lost, the profiles stay queued. An exception raised while handling interrupts
 /// comes back as `Err`.
 fn flush_without_gvl(uploader: &ProfileUploader) -> Result<Option<FlushOutcome>, Error> {
-    struct Call<'a> {
-        uploader: &'a ProfileUploader,
-        token: &'a CancellationToken,
-        out: Option<FlushOutcome>,
-        ran: bool,
-    }
-    extern "C" fn run(data: *mut c_void) -> *mut c_void {
-        // SAFETY: `data` is the `Call` below, alive on the caller's stack for the whole call and
-        // touched by no one else meanwhile (the unblocking function gets the token, not this).
-        let call = unsafe { &mut *(data as *mut Call<'_>) };
-        call.ran = true;
-        let (uploader, token) = (call.uploader, call.token);
-        // A panic must not cross the C frame of rb_thread_call_without_gvl2.
-        call.out = catch_unwind(AssertUnwindSafe(|| uploader.flush(token))).ok();
-        std::ptr::null_mut()
-    }
-    extern "C" fn cancel(data: *mut c_void) {
-        // SAFETY: `data` is the token below, alive until rb_thread_call_without_gvl2 returns,
-        // which is the only time the VM may call this; a CancellationToken is Sync.
-        let token = unsafe { &*(data as *const CancellationToken) };
-        let _ = catch_unwind(AssertUnwindSafe(|| token.cancel()));
-    }
     let token = CancellationToken::new();
-    let mut call = Call {
-        uploader,
-        token: &token,
-        out: None,
-        ran: false,
-    };
-    for attempt in 0..GVL_RELEASE_ATTEMPTS {
-        if attempt > 0 {
-            thread_schedule()?;
-        }
-        // SAFETY: called from a Ruby thread holding the GVL (a Ruby method). `run` makes no VM
-        // call; `cancel` only cancels the token, which may be done from any thread. The "2"
-        // variant checks no interrupts after the call (an exception raised there would jump
-        // over our frames); with one pending it returns without calling `run`.
-        unsafe {
-            rb_sys::rb_thread_call_without_gvl2(
-                Some(run),
-                &mut call as *mut Call<'_> as *mut c_void,
-                Some(cancel),
-                &token as *const CancellationToken as *mut c_void,
-            );
-        }
-        if call.ran {
-            return Ok(call.out);
-        }
-    }
-    Ok(None)
+    let cancel = || token.cancel();
+    shims::without_gvl(|_| uploader.flush(&token), Some(&cancel), IfRefused::Skip)
 }
 
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {

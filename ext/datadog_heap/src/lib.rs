@@ -3,7 +3,7 @@
 //! Layers, each using only those above it:
 //!
 //! ```text
-//! errors, gvl_cell, shims, weak_map, ruby_vm   raw C API calls, the WeakMap, the core's Vm trait
+//! errors, shims, weak_map, ruby_vm   raw C API calls, the WeakMap, the core's Vm trait
 //! sampler                                      per-session sampling state; the sampled path
 //! runtime                                      sessions, hooks, postponed jobs, busy set, fork
 //! recorder, profile_reader, exporter, testing  one module per Ruby class or module
@@ -15,16 +15,27 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+// `shims` is the one module that calls rb-sys or writes `unsafe` code; the others deny it, and
+// the few items that must convert a raw VALUE the VM keeps alive (or share GVL-guarded state)
+// say so with an `allow` and their SAFETY argument.
+#[deny(unsafe_code)]
 mod errors;
+#[deny(unsafe_code)]
 mod exporter;
-mod gvl_cell;
+#[deny(unsafe_code)]
 mod profile_reader;
+#[deny(unsafe_code)]
 mod recorder;
+#[deny(unsafe_code)]
 mod ruby_vm;
+#[deny(unsafe_code)]
 mod runtime;
+#[deny(unsafe_code)]
 mod sampler;
 mod shims;
+#[deny(unsafe_code)]
 mod testing;
+#[deny(unsafe_code)]
 mod weak_map;
 
 use magnus::{function, prelude::*, Error, Ruby};
@@ -71,6 +82,16 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
         function!(runtime::stop_for_ractors, 0),
     )?;
     module.define_singleton_method("_native_window_tick", function!(window_tick, 0))?;
+    // Makes the window timer a Ruby thread on any Ruby (lib/datadog_heap.rb, on 3.3.0 with M:N
+    // threads); `_native_native_window_timer` says which one runs.
+    module.define_singleton_method(
+        "_native_use_ruby_timer",
+        function!(runtime::use_ruby_timer, 1),
+    )?;
+    module.define_singleton_method(
+        "_native_native_window_timer",
+        function!(runtime::native_window_timer, 0),
+    )?;
     module.define_singleton_method("_native_shutdown", function!(runtime::shutdown, 0))?;
     Ok(())
 }

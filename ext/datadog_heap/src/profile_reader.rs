@@ -161,8 +161,7 @@ impl Profile {
     /// `Profile._native_parse(bytes)` -> a Profile. `bytes` is a gzip, zstd or raw pprof.
     fn parse(ruby: &Ruby, class: RClass, bytes: RString) -> Result<Obj<Profile>, Error> {
         guarded(ruby, || {
-            // SAFETY: the slice is copied before any other Ruby call could move or change `bytes`.
-            let bytes = unsafe { bytes.as_slice() }.to_vec();
+            let bytes = crate::shims::string_bytes(bytes);
             let data = read_profile(&bytes).or_raise(ruby)?;
             drop(bytes);
             if data.sample_types.is_empty() {

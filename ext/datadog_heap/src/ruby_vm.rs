@@ -43,6 +43,7 @@ impl<'a> RubyVm<'a> {
 }
 
 impl Vm for RubyVm<'_> {
+    #[allow(unsafe_code)] // a VALUE the session keeps marked, see below
     fn remember(&mut self, record_id: i64, object: ObjectRef) -> datadog_heap_core::Result<()> {
         // SAFETY: `object` came from a pending recording, which the recorder's mark function
         // keeps marked (and so alive and unmoved) until this commit takes it off the queue.
@@ -69,6 +70,10 @@ impl Vm for RubyVm<'_> {
 
     fn yield_thread(&mut self) -> datadog_heap_core::Result<()> {
         shims::thread_schedule().map_err(|e| self.keep(e))
+    }
+
+    fn current_thread(&self) -> datadog_heap_core::lock::ThreadId {
+        shims::current_thread() as u64
     }
 
     fn gc_count(&self) -> u64 {

@@ -1,6 +1,6 @@
 //! `DatadogHeap::Testing`: switches and probes for the specs and benchmarks, not for production.
 
-use magnus::{function, prelude::*, Error, RModule, Ruby};
+use magnus::{function, prelude::*, Error, RModule, Ruby, Value};
 
 use crate::errors::to_ruby;
 use crate::recorder::Recorder;
@@ -13,6 +13,19 @@ fn set_stack_cache(ruby: &Ruby, rec: &Recorder, enabled: bool) -> Result<(), Err
             .set_stack_cache_enabled(enabled)
             .map_err(|e| to_ruby(ruby, e))
     })
+}
+
+/// Holds the recorder's soft lock as the calling thread while the block runs, as the recorder's
+/// own commit or update does while the VM runs a signal trap or finalizer inside it.
+fn hold_lock(ruby: &Ruby, rec: &Recorder) -> Result<Value, Error> {
+    let block = ruby.block_proc()?;
+    let lock = rec.session().core.lock();
+    if !lock.try_lock(crate::shims::current_thread() as u64) {
+        return Err(crate::errors::heap_error(ruby, "the lock is busy"));
+    }
+    let result = block.call::<_, Value>(());
+    lock.unlock();
+    result
 }
 
 pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
@@ -70,6 +83,15 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
     testing.define_singleton_method(
         "_native_frame_classes_named",
         function!(crate::shims::method_entry_layout_verified, 0),
+    )?;
+    testing.define_singleton_method("_native_hold_lock", function!(hold_lock, 1))?;
+    // The longest any lock wait lasts, in seconds (tests shorten it).
+    testing.define_singleton_method(
+        "_native_set_lock_wait_limit",
+        function!(
+            |seconds: f64| datadog_heap_core::lock::set_wait_limit_ns((seconds * 1e9) as i64),
+            1
+        ),
     )?;
     Ok(())
 }

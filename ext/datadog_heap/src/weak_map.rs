@@ -18,7 +18,6 @@ use std::sync::OnceLock;
 use crate::shims;
 
 use magnus::{
-    rb_sys::FromRawValue,
     value::{Opaque, ReprValue},
     Class, Error, Fixnum, Module, RClass, RModule, Ruby, Value,
 };
@@ -101,9 +100,7 @@ pub fn get(ruby: &Ruby, map: Value, record_id: i64) -> Result<Option<Value>, Err
 pub fn walk(ruby: &Ruby, map: Value, mut visit: impl FnMut(i64, Value)) -> Result<(), Error> {
     let m = methods(ruby)?;
     shims::method_call_with_block(ruby, ruby.get_inner(m.each), [map], |pair| {
-        if let [key, object, ..] = *pair {
-            // SAFETY: both came from the VM just now, yielded by WeakMap#each.
-            let (key, object) = unsafe { (Value::from_raw(key), Value::from_raw(object)) };
+        if let (Some(key), Some(object)) = (pair.get(0), pair.get(1)) {
             // Our keys are Fixnum record ids; anything else is not ours to look at.
             if let Some(id) = Fixnum::from_value(key) {
                 visit(id.to_i64(), object);

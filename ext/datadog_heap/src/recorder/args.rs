@@ -7,7 +7,7 @@ use magnus::{
     prelude::*, rb_sys::AsRawValue, typed_data::Obj, Error, RArray, RString, Ruby, Value,
 };
 
-use super::{owner_of, with_session, Recorder};
+use super::{with_session, Recorder};
 use crate::errors::{arg_error, type_error, OrRaise};
 use crate::runtime;
 use crate::shims;
@@ -42,9 +42,11 @@ pub fn positive_u32(ruby: &Ruby, name: &str, value: u64) -> Result<u32, Error> {
 
 /// The bytes of a Ruby String as UTF-8, replacing invalid sequences.
 fn owned_string(s: RString) -> String {
-    // SAFETY: the slice is copied out before any other Ruby call could move or change `s`.
-    let bytes = unsafe { s.as_slice() };
-    String::from_utf8_lossy(bytes).into_owned()
+    let bytes = crate::shims::string_bytes(s);
+    match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    }
 }
 
 /// `locations` -> owned frames, innermost first, cut to `max_frames` as the sampler cuts them.
@@ -111,7 +113,6 @@ pub fn record_allocation(
     class_name: Value,
     locations: Value,
 ) -> Result<bool, Error> {
-    let owner = owner_of(&rb_self);
     with_session(ruby, &rb_self, |session| {
         let raw = object.as_raw();
         if shims::heap_type(raw).is_none() {
@@ -166,7 +167,7 @@ pub fn record_allocation(
             )
             .or_raise(ruby)?;
         if recorded.needs_commit && session.has_pending() {
-            runtime::list(session, owner);
+            runtime::list(session);
             runtime::request_commit();
         }
         Ok(recorded.outcome == RecordOutcome::Pending)

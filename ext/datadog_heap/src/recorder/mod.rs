@@ -64,7 +64,7 @@ fn with_session<T>(
     f: impl FnOnce(&Arc<Session>) -> Result<T, Error>,
 ) -> Result<T, Error> {
     guarded(ruby, || {
-        rb_self.session.after_fork(false).or_raise(ruby)?;
+        rb_self.session.after_fork().or_raise(ruby)?;
         let result = f(&rb_self.session);
         let warned = warn_notices(ruby, &rb_self.session);
         let value = result?;
@@ -83,10 +83,6 @@ fn warn_notices(ruby: &Ruby, session: &Session) -> Result<(), Error> {
         })?;
     }
     Ok(())
-}
-
-fn owner_of(rb_self: &Obj<Recorder>) -> rb_sys::VALUE {
-    rb_self.as_value().as_raw()
 }
 
 impl Recorder {
@@ -179,19 +175,16 @@ impl Recorder {
     /// `start`: installs the allocation hook for this recorder; idempotent. Raises the reason
     /// again when an earlier error disabled recording.
     fn start(ruby: &Ruby, rb_self: Obj<Recorder>) -> Result<bool, Error> {
-        let owner = owner_of(&rb_self);
-        with_session(ruby, &rb_self, |session| {
-            match runtime::start(session, owner) {
-                Ok(()) => Ok(true),
-                Err(StartRefused::Disabled(reason)) => Err(heap_error(
-                    ruby,
-                    format!("heap recording was disabled: {reason}"),
-                )),
-                Err(StartRefused::Ractors) => Err(heap_error(
-                    ruby,
-                    "a Ractor was started in this process: allocation sampling is not Ractor-safe",
-                )),
-            }
+        with_session(ruby, &rb_self, |session| match runtime::start(session) {
+            Ok(()) => Ok(true),
+            Err(StartRefused::Disabled(reason)) => Err(heap_error(
+                ruby,
+                format!("heap recording was disabled: {reason}"),
+            )),
+            Err(StartRefused::Ractors) => Err(heap_error(
+                ruby,
+                "a Ractor was started in this process: allocation sampling is not Ractor-safe",
+            )),
         })
     }
 
@@ -231,11 +224,14 @@ impl Recorder {
         with_session(ruby, rb_self, |session| stats_hash(ruby, session))
     }
 
-    /// `after_fork`: what the fork hook does for every recorder, for this one, fork or not.
+    /// `after_fork`: what the fork hook does, for a child the hook missed. Only a change of pid
+    /// resets anything (`with_session` brings this recorder's session over): without a fork,
+    /// another thread may hold the lock or iterate, and resetting those would let two commits
+    /// run at once.
     fn after_fork(ruby: &Ruby, rb_self: &Self) -> Result<(), Error> {
-        with_session(ruby, rb_self, |session| {
+        with_session(ruby, rb_self, |_session| {
             runtime::after_fork();
-            session.after_fork(true).or_raise(ruby)
+            Ok(())
         })
     }
 

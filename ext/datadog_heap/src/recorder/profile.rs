@@ -11,7 +11,7 @@ use magnus::{Error, RString, Ruby};
 use super::{with_session, Recorder};
 use crate::errors::{heap_error, OrRaise};
 use crate::runtime;
-use crate::shims::without_gvl;
+use crate::shims::{without_gvl, IfRefused};
 
 /// `profile` -> gzip pprof of the live objects.
 pub fn profile(ruby: &Ruby, rb_self: &Recorder) -> Result<RString, Error> {
@@ -53,12 +53,16 @@ pub(crate) fn encode(
         // Not busy meanwhile: other threads allocate while the GVL is released, and none of it is
         // our own work.
         let encoded = runtime::not_busy(|| {
-            without_gvl(|gvl_held| {
-                (
-                    encode_profile_retained(&snapshot, &options, retained_by),
-                    gvl_held,
-                )
-            })
+            without_gvl(
+                |gvl_held| {
+                    (
+                        encode_profile_retained(&snapshot, &options, retained_by),
+                        gvl_held,
+                    )
+                },
+                None,
+                IfRefused::RunWithGvl,
+            )
         });
         let (encoded, gvl_held) = match encoded? {
             Some(result) => result,

@@ -2,11 +2,12 @@
 //! the search from the GC roots to them. lib/datadog_heap/retainers.rb names each reference of
 //! the paths found and holds the options.
 //!
-//! The search is native, over the VM's own reference walk (`shims::objspace`), and allocates no
-//! Ruby object from the moment it looks the targets up until every object of every path found is
-//! in `holder`, an Array made beforehand with room for all of them. So no GC can run meanwhile:
-//! the raw addresses the search keeps stay valid, nothing it keeps is a GC root, and nothing of
-//! it outlives the call (a GC.compact between two calls moves nothing the search holds).
+//! The search is native, over the VM's own reference walk (`shims::objspace`, which passes on
+//! live objects only). The GC is paused from the moment the targets are looked up until every
+//! object of every path found is in `holder`, an Array that grows with what the search finds,
+//! and the search itself allocates no Ruby object. So the raw addresses the search keeps stay
+//! valid, nothing it keeps is a GC root, and nothing of it outlives the call (a GC.compact
+//! between two calls moves nothing the search holds).
 //!
 //! Roots: every root the GC marks from but one, the calling thread's machine stack
 //! ("machine_context"), which is scanned conservatively and, at this point, holds this native's
@@ -171,10 +172,12 @@ pub fn retainer_paths(
             ));
         }
         let map = session.weak_map(ruby)?;
-        let per_path = max_depth as usize + 1;
-        // Room for the targets, then every object of every path: nothing allocates once the
-        // targets are read back out of it (see the module docs).
-        let holder = ruby.ary_new_capa(record_ids.len() * (per_path + 1));
+        // No GC from here until every object the answer names sits in `holder`: the search
+        // keeps raw references, which a GC could free (unswept garbage) or move. Pausing the GC
+        // (rather than sizing `holder` for the deepest possible paths up front, ids times
+        // max_depth) lets `holder` grow with what the search finds.
+        let _no_gc = shims::GcPause::new();
+        let holder = ruby.ary_new_capa(record_ids.len());
         let mut present = Vec::with_capacity(record_ids.len());
         for &id in &record_ids {
             match weak_map::get(ruby, map, id)? {
@@ -185,7 +188,7 @@ pub fn retainer_paths(
                 None => present.push(false),
             }
         }
-        // From here to the end of the search no Ruby object is made.
+        // From here to the end of the search no Ruby object is made (and the GC is paused).
         let gc_before = shims::gc_count();
         let targets: Vec<u64> = (0..holder.len())
             .map(|i| holder.entry::<Value>(i as isize).map(|v| v.as_raw()))
@@ -200,8 +203,8 @@ pub fn retainer_paths(
         };
         let outcome = find_root_paths(&mut heap, &targets, &limits);
         drop(targets);
-        // Each path's objects into `holder` (internal ones described instead), still without
-        // making an object: `holder` has room for them all.
+        // Each path's objects into `holder` (internal ones described instead); `holder` grows,
+        // which allocates, but no GC runs while it does.
         let mut layouts: Vec<Option<PathLayout>> = Vec::new();
         for path in &outcome.paths {
             let Some(path) = path else {
@@ -215,9 +218,12 @@ pub fn retainer_paths(
                 if shims::is_internal_object(raw) {
                     notes.push(Some(objspace::describe_internal(raw)));
                 } else {
-                    // SAFETY: the VM handed this object to the search just now, and no GC has
-                    // run since (nothing allocated): it is a live, user-visible object.
-                    holder.push(unsafe { Value::from_raw(raw) })?;
+                    #[allow(unsafe_code)] // a VALUE the VM just handed out, see below
+                    // SAFETY: the VM handed this object to the search just now (and the search
+                    // only keeps live ones), and no GC has run since (paused): it is a live,
+                    // user-visible object.
+                    let object = unsafe { Value::from_raw(raw) };
+                    holder.push(object)?;
                     notes.push(None);
                 }
             }

@@ -14,7 +14,7 @@ use magnus::{Error, Ruby};
 use rb_sys::VALUE;
 
 use crate::errors::{heap_error, panic_message};
-use crate::gvl_cell::GvlCell;
+use crate::shims::GvlCell;
 use crate::shims::{current_thread, total_allocated_objects};
 
 /// A busy thread, its nesting depth, and the VM's allocation counter when its current stretch of
@@ -31,6 +31,7 @@ static BUSY: GvlCell<Vec<Busy>> = GvlCell::new(Vec::new());
 /// parent's count, as it inherits the VM's counter).
 static OWN_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
+#[allow(unsafe_code)] // GVL-guarded state, see below
 fn with<R>(f: impl FnOnce(&mut Vec<Busy>) -> R) -> R {
     // SAFETY: every caller holds the GVL (module contract) and the closures below make no VM call.
     unsafe { BUSY.with(f) }

@@ -9,42 +9,36 @@
 //! an allocation that is not sampled is one decrement and one branch per session it serves.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
-use rb_sys::{rb_trace_arg_t, VALUE};
+use rb_sys::VALUE;
 
 use super::{busy, jobs, with, Session};
 use crate::sampler::{self, Mode};
-use crate::shims;
+use crate::shims::{self, Hook, NewObj};
 
 /// Most sessions one hook call samples; others due at the same allocation take the next one.
 const MAX_DUE: usize = 4;
 
+/// Sets what the hooks run. Called once at load.
+pub fn init() {
+    shims::init_hooks(on_newobj, on_gc_end);
+}
+
 pub fn set_newobj(installed: bool) {
-    match installed {
-        true => shims::add_event_hook(on_newobj, rb_sys::RUBY_INTERNAL_EVENT_NEWOBJ),
-        false => shims::remove_event_hook(on_newobj),
-    }
+    shims::set_hook(Hook::NewObj, installed);
 }
 
 pub fn set_gc_end(installed: bool) {
-    match installed {
-        true => shims::add_event_hook(on_gc_end, rb_sys::RUBY_INTERNAL_EVENT_GC_END_SWEEP),
-        false => shims::remove_event_hook(on_gc_end),
-    }
+    shims::set_hook(Hook::GcEnd, installed);
 }
 
 pub fn set_empty(enabled: bool) {
-    if enabled {
-        shims::add_event_hook(on_newobj_empty, rb_sys::RUBY_INTERNAL_EVENT_NEWOBJ);
-    } else {
-        shims::remove_event_hook(on_newobj_empty);
-    }
+    shims::set_hook(Hook::NewObjEmpty, enabled);
 }
 
-unsafe extern "C" fn on_newobj_empty(_data: VALUE, _arg: *mut rb_trace_arg_t) {}
-
 /// The NEWOBJ hook. See the module docs for what it must never do.
-unsafe extern "C" fn on_newobj(_data: VALUE, arg: *mut rb_trace_arg_t) {
+fn on_newobj(event: &NewObj) {
     // A panic must not unwind into the VM; the per-session one below disables its session, this
     // one (which nothing here can raise) is dropped.
     let _ = catch_unwind(AssertUnwindSafe(|| {
@@ -52,15 +46,18 @@ unsafe extern "C" fn on_newobj(_data: VALUE, arg: *mut rb_trace_arg_t) {
         // sessions leave our own allocations out of their windows (see `busy`).
         let mut busy = None;
         let (due, n) = with(|r| {
-            let mut due = [std::ptr::null::<Session>(); MAX_DUE];
+            let mut due: [Option<Arc<Session>>; MAX_DUE] = Default::default();
             let mut n = 0;
             for listed in &r.sessions {
                 let session = &*listed.session;
                 let mode = session.config.mode;
-                if !session.is_running()
-                    || session.is_dropped()
-                    || !session.sampler.wants_hook(mode)
-                {
+                if session.is_dropped() {
+                    // Its recorder was collected: the commit job unlists it (and removes this
+                    // hook if nothing else wants it).
+                    jobs::request_commit();
+                    continue;
+                }
+                if !session.is_running() || !session.sampler.wants_hook(mode) {
                     continue;
                 }
                 if mode != Mode::Countdown && *busy.get_or_insert_with(busy::current_thread_busy) {
@@ -76,7 +73,10 @@ unsafe extern "C" fn on_newobj(_data: VALUE, arg: *mut rb_trace_arg_t) {
                     continue;
                 }
                 if n < MAX_DUE {
-                    due[n] = session;
+                    // A clone, not a borrow: the list's own `Arc` outlives this call (only
+                    // `prune` removes entries, and nothing in this hook runs it), so dropping
+                    // it below never frees a session here.
+                    due[n] = Some(listed.session.clone());
                     n += 1;
                 } else {
                     session.sampler.postpone();
@@ -87,13 +87,9 @@ unsafe extern "C" fn on_newobj(_data: VALUE, arg: *mut rb_trace_arg_t) {
         if n == 0 {
             return;
         }
-        // SAFETY: `arg` is the trace arg of the NEWOBJ event the VM is calling us for.
-        let object = unsafe { rb_sys::rb_tracearg_object(arg) };
+        let object = event.object();
         let busy = busy.unwrap_or_else(busy::current_thread_busy);
-        for &session in &due[..n] {
-            // SAFETY: the pointers were read from the list just now, where an `Arc` keeps each
-            // session alive; only `prune` removes entries, and nothing in this hook runs it.
-            let session = unsafe { &*session };
+        for session in due.iter().flatten() {
             sample(session, object, busy);
         }
     }));
@@ -129,6 +125,6 @@ fn sample(session: &Session, object: VALUE, busy: bool) {
 }
 
 /// The GC-end hook: asks for a young update soon. Never allocates.
-unsafe extern "C" fn on_gc_end(_data: VALUE, _arg: *mut rb_trace_arg_t) {
+fn on_gc_end() {
     jobs::request_young_update();
 }

@@ -11,9 +11,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use magnus::Ruby;
-use rb_sys::VALUE;
 
-use super::{busy::BusyGuard, listed, prune, Session};
+use super::{busy::BusyGuard, prune, sessions, Session};
+use crate::shims;
 
 #[cfg(ruby_gte_3_3)]
 mod handles {
@@ -29,15 +29,11 @@ pub fn init() {
     {
         use std::sync::atomic::Ordering::Relaxed;
         for (slot, job) in [
-            (&handles::COMMIT, commit_job as extern "C" fn(*mut c_void)),
+            (&handles::COMMIT, commit_job as shims::Job),
             (&handles::YOUNG_UPDATE, young_update_job),
             (&handles::WINDOW, window_job),
         ] {
-            // SAFETY: called at extension load with the GVL; `job` is a function of this
-            // extension, valid for the life of the process (the extension is never unloaded).
-            let handle =
-                unsafe { rb_sys::rb_postponed_job_preregister(0, Some(job), std::ptr::null_mut()) };
-            slot.store(handle, Relaxed);
+            slot.store(shims::postponed_job_preregister(job), Relaxed);
         }
     }
 }
@@ -77,35 +73,25 @@ extern "C" fn window_job(_data: *mut c_void) {
 
 #[cfg(ruby_gte_3_3)]
 fn trigger(handle: &std::sync::atomic::AtomicU32) {
-    let handle = handle.load(std::sync::atomic::Ordering::Relaxed);
-    if handle != u32::MAX {
-        // SAFETY: `handle` came from rb_postponed_job_preregister; vm_trace.c documents triggering
-        // as safe from any context, a signal handler or another thread included.
-        unsafe { rb_sys::rb_postponed_job_trigger(handle) };
-    }
+    shims::postponed_job_trigger(handle.load(std::sync::atomic::Ordering::Relaxed));
 }
 
 #[cfg(not(ruby_gte_3_3))]
-fn register(job: extern "C" fn(*mut c_void)) {
-    // SAFETY: rb_postponed_job_register_one only appends to a preallocated buffer (or reports it
-    // full); it is meant for signal handlers and hooks. A full buffer drops this request; the
-    // next sample or GC asks again.
-    unsafe {
-        rb_sys::rb_postponed_job_register_one(0, Some(job), std::ptr::null_mut());
-    }
+fn register(job: shims::Job) {
+    shims::postponed_job_register_one(job);
 }
 
-/// Runs `work` on each listed session that `pick` selects, keeping its owner on this stack for
+/// Runs `work` on each listed session that `pick` selects, keeping its WeakMap on this stack for
 /// the duration: a job may let other threads run (WeakMap calls can), one of which may unlist the
-/// session, and the owner found on the stack by the GC's conservative scan keeps its WeakMap
-/// marked until the job is done with it.
+/// session (or drop its owner), and the WeakMap found on the stack by the GC's conservative scan
+/// stays marked until the job is done with it.
 fn for_each(ruby: &Ruby, pick: impl Fn(&Session) -> bool, work: impl Fn(&Ruby, &Arc<Session>)) {
-    for (session, owner) in listed(pick) {
-        let owner: VALUE = std::hint::black_box(owner);
+    for session in sessions(pick) {
+        let map = std::hint::black_box(session.weak_map_raw());
         if !session.is_dropped() {
             work(ruby, &session);
         }
-        std::hint::black_box(&owner);
+        std::hint::black_box(&map);
     }
 }
 

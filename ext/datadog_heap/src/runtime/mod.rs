@@ -4,12 +4,12 @@
 //! Ractors. Hooks and jobs reach sessions only through this list, so none can reach a session
 //! whose Ruby object was collected.
 //!
-//! A listed session is an `Arc` here plus its owner (the `DatadogHeap::Recorder` object), which
-//! the root marks, and so pins, while listed: the owner lives at least as long as the entry, and
-//! the owner's VALUE stays valid across compaction. A session leaves the list when it has no
-//! work left (`prune`), and only under the GVL, never from the hook. If the owner is freed while
-//! listed (only at process exit, when Ruby frees every object), its Drop marks the session
-//! dropped and everything here skips it.
+//! A listed session is an `Arc` here; the root marks what it holds (its WeakMap, its pending
+//! objects) but not its owner, the `DatadogHeap::Recorder` object. So a started recorder the
+//! program no longer references is collected like any object: its Drop marks the session
+//! dropped, everything here skips it from then on, the hook asks for a commit job, and that job
+//! unlists it (removing the hooks if nothing else wants them). A session leaves the list when it
+//! has no work left (`prune`), and only under the GVL, never from the hook.
 //!
 //! Everything here needs the GVL of the main Ractor.
 
@@ -22,18 +22,18 @@ mod windows;
 use std::sync::Arc;
 
 use magnus::{prelude::*, typed_data::Obj, DataTypeFunctions, Error, RModule, Ruby, TypedData};
-use rb_sys::VALUE;
 
-use crate::gvl_cell::GvlCell;
 use crate::sampler::Mode;
+use crate::shims::GvlCell;
 pub use busy::{guarded, not_busy, own_allocations};
 pub use jobs::request_commit;
 pub use session::Session;
-pub use windows::tick as window_tick;
+pub use windows::{
+    native_timer as native_window_timer, tick as window_tick, use_ruby_thread as use_ruby_timer,
+};
 
 struct Listed {
     session: Arc<Session>,
-    owner: VALUE,
 }
 
 struct Runtime {
@@ -66,6 +66,7 @@ static RUNTIME: GvlCell<Runtime> = GvlCell::new(Runtime {
 });
 
 /// Runs `f` on the runtime. GVL held; `f` makes no VM call (see `GvlCell::with`).
+#[allow(unsafe_code)] // GVL-guarded state, see below
 fn with<R>(f: impl FnOnce(&mut Runtime) -> R) -> R {
     // SAFETY: every caller holds the GVL (runtime contract) and `f`, always a closure of this
     // module, calls nothing that could allocate a Ruby object, release the GVL or re-enter.
@@ -73,7 +74,7 @@ fn with<R>(f: impl FnOnce(&mut Runtime) -> R) -> R {
 }
 
 /// The GC root: an object made once at load, registered with the VM, whose mark function marks
-/// every listed session and its owner. Not write-barrier protected, so the VM calls `mark` at
+/// what every listed session holds (not its owner: see the module docs). Not write-barrier protected, so the VM calls `mark` at
 /// every GC, minor ones included (the sessions it marks change without the VM knowing).
 #[derive(TypedData)]
 #[magnus(class = "DatadogHeap::Runtime", mark)]
@@ -84,7 +85,6 @@ impl DataTypeFunctions for Roots {
     fn mark(&self, _marker: &magnus::gc::Marker) {
         with(|r| {
             for listed in r.sessions.iter().filter(|l| !l.session.is_dropped()) {
-                crate::shims::gc_mark(listed.owner);
                 listed.session.mark();
             }
         });
@@ -99,14 +99,11 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     ruby.gc_register_mark_object(roots);
     with(|r| r.pid = std::process::id());
     jobs::init();
+    hooks::init();
     crate::shims::init_gc_stat();
-    crate::shims::at_vm_exit(on_vm_exit);
+    // The VM is going away: no timer may trigger a job past this point.
+    crate::shims::at_vm_exit(shutdown);
     Ok(())
-}
-
-/// The VM is going away: no timer may trigger a job past this point.
-unsafe extern "C" fn on_vm_exit(_vm: *mut rb_sys::ruby_vm_t) {
-    let _ = std::panic::catch_unwind(shutdown);
 }
 
 /// Stops the window timer for good (process exit; lib/datadog_heap.rb calls it from its last
@@ -119,13 +116,12 @@ pub fn shutdown() {
     windows::shutdown();
 }
 
-/// Lists `session` (owned by the Ruby object `owner`) if it is not listed yet.
-pub fn list(session: &Arc<Session>, owner: VALUE) {
+/// Lists `session` if it is not listed yet.
+pub fn list(session: &Arc<Session>) {
     with(|r| {
         if !r.sessions.iter().any(|l| Arc::ptr_eq(&l.session, session)) {
             r.sessions.push(Listed {
                 session: session.clone(),
-                owner,
             });
         }
     });
@@ -138,7 +134,7 @@ pub enum StartRefused {
 }
 
 /// Starts the built-in sampler for `session`; idempotent.
-pub fn start(session: &Arc<Session>, owner: VALUE) -> Result<(), StartRefused> {
+pub fn start(session: &Arc<Session>) -> Result<(), StartRefused> {
     if with(|r| r.ractors_started) {
         return Err(StartRefused::Ractors);
     }
@@ -154,7 +150,7 @@ pub fn start(session: &Arc<Session>, owner: VALUE) -> Result<(), StartRefused> {
         let _ = session.core.reserve_stack_cache();
         session.set_running(true);
     }
-    list(session, owner);
+    list(session);
     sync_hooks();
     Ok(())
 }
@@ -239,7 +235,7 @@ pub fn after_fork() {
         with(|r| r.timer_rate = None);
     }
     for session in sessions(|_| true) {
-        let _ = session.after_fork(false);
+        let _ = session.after_fork();
     }
     sync_hooks();
 }
@@ -269,18 +265,14 @@ pub fn set_empty_hook(enabled: bool) {
     }
 }
 
-/// Clones of the listed, not dropped, sessions that `pick` selects, with their owners.
-fn listed(pick: impl Fn(&Session) -> bool) -> Vec<(Arc<Session>, VALUE)> {
+/// Clones of the listed, not dropped, sessions that `pick` selects.
+fn sessions(pick: impl Fn(&Session) -> bool) -> Vec<Arc<Session>> {
     with(|r| {
         (r.sessions.iter())
             .filter(|l| !l.session.is_dropped() && pick(&l.session))
-            .map(|l| (l.session.clone(), l.owner))
+            .map(|l| l.session.clone())
             .collect()
     })
-}
-
-fn sessions(pick: impl Fn(&Session) -> bool) -> Vec<Arc<Session>> {
-    listed(pick).into_iter().map(|(s, _)| s).collect()
 }
 
 /// Test aid: how many sessions are listed.

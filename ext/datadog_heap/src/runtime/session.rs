@@ -53,8 +53,10 @@ pub struct Session {
 // atomic, and the final drop, which runs only when no other reference exists. Ruby's TypedData
 // needs `Send` because a lazy sweep may free the owning object on another Ractor's thread:
 // the owner's Drop then only sets `dropped` and releases its reference.
+#[allow(unsafe_code)]
 unsafe impl Send for Session {}
 // SAFETY: as above.
+#[allow(unsafe_code)]
 unsafe impl Sync for Session {}
 
 impl Session {
@@ -84,6 +86,12 @@ impl Session {
         self.weak_map.set(map.as_raw());
     }
 
+    /// The WeakMap's VALUE (0 before it is made), to keep on a stack while a job uses it.
+    pub fn weak_map_raw(&self) -> VALUE {
+        self.weak_map.get()
+    }
+
+    #[allow(unsafe_code)] // a VALUE we keep marked, see below
     pub fn weak_map(&self, ruby: &Ruby) -> Result<Value, Error> {
         match self.weak_map.get() {
             0 => Err(heap_error(ruby, "the recorder's WeakMap was never made")),
@@ -238,10 +246,10 @@ impl Session {
     /// parent's threads held (the soft lock, an iteration, the sampler's random stream, the
     /// counters, a job's error) starts afresh; records and pending recordings stay. The one
     /// after-fork path, run by the fork hook for listed sessions and by every entry point for
-    /// the rest. With `force` it runs even without a fork (`Recorder#after_fork`).
-    pub fn after_fork(&self, force: bool) -> datadog_heap_core::Result<()> {
+    /// the rest. Without a change of pid it does nothing.
+    pub fn after_fork(&self) -> datadog_heap_core::Result<()> {
         let pid = std::process::id();
-        if !force && self.pid.get() == pid {
+        if self.pid.get() == pid {
             return Ok(());
         }
         self.pid.set(pid);

@@ -12,7 +12,8 @@
 //!   non-Ruby thread does not have (vm_trace.c of 3.1 and 3.2 dereferences it), so a native
 //!   thread cannot ask for a job there. A Ruby thread does the sleeping instead
 //!   (`DatadogHeap::WindowTimer` in lib/datadog_heap.rb): `sleep` releases the GVL, and the tick
-//!   runs in that thread once it has the GVL back.
+//!   runs in that thread once it has the GVL back. Ruby 3.3.0 with M:N threads gets the Ruby
+//!   thread too (see `use_ruby_thread`).
 //!
 //! Everything here needs the GVL except the native timer thread's loop.
 
@@ -20,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use magnus::Ruby;
 
-use super::{busy::BusyGuard, listed, sync_hooks, Session};
+use super::{busy::BusyGuard, sessions, sync_hooks, Session};
 use crate::shims;
 
 /// A windowed session's rate, or `None` for a countdown session.
@@ -49,15 +50,17 @@ fn uniform() -> f64 {
     (x >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// One tick of the window timer. GVL held; may run Ruby code (young updates use the WeakMaps).
-/// Returns the timer's rate after it, `None` when no windowed session runs any more.
+/// One tick of the window timer. GVL held; may run Ruby code (young updates use the WeakMaps),
+/// where other threads may stop or start sessions. Returns the timer's rate after it, read once
+/// the tick is over (so a stop meanwhile is seen), `None` when no windowed session runs any more.
 pub fn tick(ruby: &Ruby) -> Option<f64> {
     let _busy = BusyGuard::enter();
-    let sessions = listed(|s| s.is_running() && rate_of(s).is_some());
-    let timer_rate = timer_rate(sessions.iter().map(|(s, _)| &**s));
+    let running = sessions(|s| s.is_running() && rate_of(s).is_some());
+    let timer_rate = timer_rate(running.iter().map(|s| &**s));
     let gc_count = shims::gc_count();
-    for (session, owner) in &sessions {
-        let owner = std::hint::black_box(*owner);
+    for session in &running {
+        // Kept on this stack, so the GC's conservative scan marks it while we use it (as jobs do).
+        let map = std::hint::black_box(session.weak_map_raw());
         if session.is_dropped() || !session.is_running() {
             continue;
         }
@@ -72,10 +75,11 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
                 session.sampler.open_window(session.config, now);
             }
         }
-        std::hint::black_box(&owner);
+        std::hint::black_box(&map);
     }
     sync_hooks();
-    timer_rate
+    let after = sessions(|s| s.is_running() && rate_of(s).is_some());
+    self::timer_rate(after.iter().map(|s| &**s))
 }
 
 /// Draws the time to the next tick: exponential with mean 1 / `rate`, in nanoseconds, at least
@@ -87,10 +91,48 @@ pub fn next_delay_ns(rate: f64) -> u64 {
     (-(u.ln()) * mean).clamp(10_000.0, 10e9) as u64
 }
 
-#[cfg(ruby_gte_3_3)]
-pub use native::{after_fork, set_rate, shutdown};
-#[cfg(not(ruby_gte_3_3))]
-pub use ruby_thread::{after_fork, set_rate, shutdown};
+/// Set at load when the native timer must not be used on this Ruby (see `use_ruby_thread`).
+static RUBY_THREAD_FORCED: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// Makes the timer a Ruby thread even on Ruby >= 3.3: lib/datadog_heap.rb asks for it on 3.3.0
+/// with `RUBY_MN_THREADS=1`, where `rb_postponed_job_trigger` from a native thread crashes the
+/// VM (Ruby bug #20016, fixed in 3.3.1). Called once at load, before any timer starts.
+pub fn use_ruby_thread(forced: bool) {
+    RUBY_THREAD_FORCED.store(forced, Ordering::Relaxed);
+}
+
+/// Whether the timer is the native thread (else the Ruby one).
+pub fn native_timer() -> bool {
+    cfg!(ruby_gte_3_3) && !RUBY_THREAD_FORCED.load(Ordering::Relaxed)
+}
+
+/// Starts the timer at `rate`, changes its rate, or (`None`) stops it.
+pub fn set_rate(rate: Option<f64>) {
+    #[cfg(ruby_gte_3_3)]
+    if native_timer() {
+        return native::set_rate(rate);
+    }
+    ruby_thread::set_rate(rate)
+}
+
+/// In a forked child (see each timer's own).
+pub fn after_fork() {
+    #[cfg(ruby_gte_3_3)]
+    if native_timer() {
+        return native::after_fork();
+    }
+    ruby_thread::after_fork()
+}
+
+/// Stops the timer for good (process exit).
+pub fn shutdown() {
+    #[cfg(ruby_gte_3_3)]
+    if native_timer() {
+        return native::shutdown();
+    }
+    ruby_thread::shutdown()
+}
 
 #[cfg(ruby_gte_3_3)]
 mod native {
@@ -98,7 +140,7 @@ mod native {
     use std::thread::JoinHandle;
     use std::time::Duration;
 
-    use crate::gvl_cell::GvlCell;
+    use crate::shims::GvlCell;
 
     struct Shared {
         /// The rate to tick at; `None` asks the thread to end.
@@ -113,6 +155,7 @@ mod native {
 
     static TIMER: GvlCell<Option<Timer>> = GvlCell::new(None);
 
+    #[allow(unsafe_code)] // GVL-guarded state, see below
     fn with<R>(f: impl FnOnce(&mut Option<Timer>) -> R) -> R {
         // SAFETY: every caller holds the GVL (module contract); the closures make no VM call.
         unsafe { TIMER.with(f) }
@@ -186,7 +229,6 @@ mod native {
     }
 }
 
-#[cfg(not(ruby_gte_3_3))]
 mod ruby_thread {
     use magnus::{prelude::*, Error, RModule, Ruby, Value};
 

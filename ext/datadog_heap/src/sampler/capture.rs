@@ -94,6 +94,7 @@ fn caller_location<'a>(frames: &[VALUE], lines: &[i32], from: usize) -> (&'a str
 
 /// Borrows the bytes of a Ruby String the VM keeps alive (frame paths and labels, class names)
 /// for the rest of this hook call. Not UTF-8 → "" (we never allocate to fix it up here).
+#[allow(unsafe_code)] // a String the VM holds for this hook call, see below
 pub(super) fn string_of<'a>(value: VALUE) -> &'a str {
     // SAFETY: the strings we are given (frame paths and labels, class names) are held by the VM
     // for at least as long as this hook call, which runs no Ruby code and no GC before the core

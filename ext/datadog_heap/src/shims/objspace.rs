@@ -29,8 +29,66 @@ extern "C" {
     );
 }
 
-/// Calls `visit(category, object)` for every object a GC root refers to ("vm", "global_tbl",
-/// "machine_context", ...). See the module contract.
+/// The VM's own test that a heap object is alive: not a free slot, and not garbage a lazy sweep
+/// has yet to free. What the objspace extension filters its walks with. Ruby 3.1 to 3.3 export
+/// `rb_objspace_markable_object_p` (markable and live), 3.4 only `rb_objspace_garbage_object_p`;
+/// both are looked up once by name, so the extension loads whichever this Ruby has.
+enum LiveCheck {
+    Markable(unsafe extern "C" fn(VALUE) -> i32),
+    Garbage(unsafe extern "C" fn(VALUE) -> i32),
+    /// Neither symbol exists: only the type word is checked.
+    TypeOnly,
+}
+
+fn live_check() -> &'static LiveCheck {
+    static CHECK: std::sync::OnceLock<LiveCheck> = std::sync::OnceLock::new();
+    CHECK.get_or_init(|| {
+        extern "C" {
+            fn dlsym(handle: *mut c_void, symbol: *const c_char) -> *mut c_void;
+        }
+        // RTLD_DEFAULT: the global scope, where libruby (or the ruby executable) is.
+        let find = |name: &CStr| {
+            // SAFETY: a NUL-terminated name; dlsym only reads it.
+            let address = unsafe { dlsym(std::ptr::null_mut(), name.as_ptr()) };
+            // SAFETY: both functions are `int f(VALUE)` in gc.c, so a non-null address has
+            // that signature.
+            (!address.is_null()).then(|| unsafe {
+                std::mem::transmute::<*mut c_void, unsafe extern "C" fn(VALUE) -> i32>(address)
+            })
+        };
+        if let Some(f) = find(c"rb_objspace_markable_object_p") {
+            LiveCheck::Markable(f)
+        } else if let Some(f) = find(c"rb_objspace_garbage_object_p") {
+            LiveCheck::Garbage(f)
+        } else {
+            LiveCheck::TypeOnly
+        }
+    })
+}
+
+/// Whether `object` is a live heap object (see `LiveCheck`): false for immediates, free slots,
+/// zombies, moved slots and unswept garbage. Roots and children can be such objects: a stale
+/// word on a thread's machine stack is scanned conservatively. Never allocates or raises.
+pub fn is_live_heap_object(object: VALUE) -> bool {
+    let Some(t) = heap_type(object) else {
+        return false;
+    };
+    if matches!(t, T::RUBY_T_NONE | T::RUBY_T_ZOMBIE | T::RUBY_T_MOVED) {
+        return false;
+    }
+    match live_check() {
+        // SAFETY: a heap pointer the VM handed out; both functions only read the slot and its
+        // page's mark bits, with the GVL held and outside a GC (module contract).
+        LiveCheck::Markable(f) => unsafe { f(object) != 0 },
+        // SAFETY: as above.
+        LiveCheck::Garbage(f) => unsafe { f(object) == 0 },
+        LiveCheck::TypeOnly => true,
+    }
+}
+
+/// Calls `visit(category, object)` for every live object a GC root refers to ("vm",
+/// "global_tbl", "machine_context", ...); dead ones (see `is_live_heap_object`) and immediates
+/// are left out. See the module contract.
 pub fn reachable_from_roots(visit: &mut dyn FnMut(&str, VALUE)) {
     unsafe extern "C" fn trampoline(category: *const c_char, object: VALUE, data: *mut c_void) {
         let _ = catch_unwind(AssertUnwindSafe(|| {
@@ -44,7 +102,9 @@ pub fn reachable_from_roots(visit: &mut dyn FnMut(&str, VALUE)) {
                     .to_str()
                     .unwrap_or("(unnamed)")
             };
-            visit(category, object);
+            if is_live_heap_object(object) {
+                visit(category, object);
+            }
         }));
     }
     let mut visit = visit;
@@ -54,17 +114,20 @@ pub fn reachable_from_roots(visit: &mut dyn FnMut(&str, VALUE)) {
     unsafe { rb_objspace_reachable_objects_from_root(trampoline, data.cast()) };
 }
 
-/// Calls `visit(child)` for every object `object` refers to. `object` must be a live heap object
-/// the VM handed out during this walk (the VM checks it can be marked). See the module contract.
+/// Calls `visit(child)` for every live object `object` refers to (dead ones and immediates are
+/// left out, as by `reachable_from_roots`). `object` must be an object the VM handed out during
+/// this walk; a dead one has no children. See the module contract.
 pub fn reachable_from(object: VALUE, visit: &mut dyn FnMut(VALUE)) {
     unsafe extern "C" fn trampoline(child: VALUE, data: *mut c_void) {
         let _ = catch_unwind(AssertUnwindSafe(|| {
             // SAFETY: `data` is the `&mut &mut dyn FnMut` below, alive for the whole walk.
             let visit = unsafe { &mut *data.cast::<&mut dyn FnMut(VALUE)>() };
-            visit(child);
+            if is_live_heap_object(child) {
+                visit(child);
+            }
         }));
     }
-    if heap_type(object).is_none() {
+    if !is_live_heap_object(object) {
         return;
     }
     let mut visit = visit;

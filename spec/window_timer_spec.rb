@@ -1,0 +1,75 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+
+# The Ruby timer thread of windowed sampling (Ruby < 3.3; the module exists on every Ruby, so this
+# runs everywhere with the native tick stood in for). A tick runs Ruby code (young updates),
+# where other threads may stop the timer and start another.
+RSpec.describe DatadogHeap::WindowTimer do
+  def timer_threads
+    Thread.list.select { |t| t.name == "datadog_heap window timer" && t.alive? }
+  end
+
+  after { described_class.stop }
+
+  def within(seconds)
+    deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + seconds
+    sleep 0.01 until yield || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+    yield
+  end
+
+  it "ends a thread stopped during its tick, without writing the tick's rate back or a second thread" do
+    ticks = Queue.new
+    stopped = Queue.new
+    stopper = nil
+    allow(DatadogHeap).to receive(:_native_window_tick) do
+      ticks << true
+      if ticks.size == 1
+        # Another thread stops the timer (and starts it again) while this tick runs.
+        stopper = Thread.new do
+          described_class.stop
+          stopped << true
+          described_class.start(500.0)
+        end
+        sleep 0.05
+      end
+      500.0
+    end
+    described_class.start(500.0)
+    expect(within(5) { !stopped.empty? }).to be(true), "stop waited past the tick for another period or forever"
+    expect(stopper.join(5)).to eq(stopper)
+    expect(within(2) { timer_threads.size <= 1 }).to be(true)
+    expect(timer_threads.size).to eq(1) # the restarted one only
+    described_class.stop
+    expect(timer_threads).to be_empty
+    expect(described_class.instance_variable_get(:@rate)).to be_nil
+  end
+end
+
+RSpec.describe "DatadogHeap.native_window_timer_safe?" do
+  it "refuses the native timer on 3.3.0 with M:N threads only (Ruby bug #20016)" do
+    expect(DatadogHeap.native_window_timer_safe?("3.3.0", {"RUBY_MN_THREADS" => "1"})).to be(false)
+    expect(DatadogHeap.native_window_timer_safe?("3.3.0", {})).to be(true)
+    expect(DatadogHeap.native_window_timer_safe?("3.3.1", {"RUBY_MN_THREADS" => "1"})).to be(true)
+    expect(DatadogHeap.native_window_timer_safe?("3.4.1", {"RUBY_MN_THREADS" => "1"})).to be(true)
+  end
+
+  it "runs the timer as a Ruby thread when asked to, and windows still open" do
+    result = IO.popen([RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-rdatadog_heap", "-e", <<~RUBY], &:read)
+      DatadogHeap._native_use_ruby_timer(true)
+      rec = DatadogHeap::Recorder.new(sampler: :windowed, windows_per_second: 200)
+      rec.start
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
+      keep = []
+      until rec.stats[:sampler_windows_opened] >= 5 || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+        keep << Object.new
+        sleep 0.001 if keep.size % 1000 == 0
+      end
+      threads = Thread.list.count { |t| t.name == "datadog_heap window timer" }
+      rec.stop
+      print Marshal.dump([DatadogHeap._native_native_window_timer, threads, rec.stats[:sampler_windows_opened] >= 5])
+    RUBY
+    native, threads, opened = Marshal.load(result) # rubocop:disable Security/MarshalLoad
+    expect([native, threads, opened]).to eq([false, 1, true])
+  end
+end
