@@ -91,3 +91,48 @@ SCENARIOS.each do |name, scenario|
   end
 end
 Bench.table(["scenario", "site", "countdown", "windowed"], rows)
+
+# The countdown sampler by sample_every (issue 23): keep one String in four (`("v#{i}" * 2)`),
+# estimate = the weights of the live Strings of that line. sigma is the sampling error expected
+# of an unbiased estimate (sqrt(kept * (sample_every - 1)) objects). The last row caps the
+# recorder at max_tracked_objects well below what is alive: records are thinned and reweighted.
+KEEP_LINE = __LINE__ + 4
+def keep_one_in_four(iterations)
+  keep = []
+  iterations.times do |i|
+    value = ("v#{i}" * 2)
+    keep << value if i % 4 == 0
+  end
+  keep
+end
+
+SETTINGS = Bench.pick(
+  [[1, 400_000], [2, 400_000], [8, 400_000], [64, 1_600_000], [1024, 4_000_000], [4096, 8_000_000], [1, 400_000, 20_000]],
+  [[1, 40_000], [64, 100_000], [1, 40_000, 4_000]]
+)
+rows = SETTINGS.map do |every, iterations, cap|
+  runs = Array.new(ROUNDS) do
+    opts = {sample_every: every}
+    opts[:max_tracked_objects] = cap if cap
+    rec = DatadogHeap::Recorder.new(**opts)
+    rec.start
+    kept = keep_one_in_four(iterations)
+    rec.stop
+    GC.start
+    estimate = rec.each_live_object.sum do |o|
+      _, path, line = o.locations.first
+      (o.class_name == "String" && path == __FILE__ && line == KEEP_LINE) ? o.weight : 0
+    end
+    [estimate.to_f / kept.size, kept.size, rec.stats]
+  end
+  ratios = runs.map(&:first)
+  kept = runs.first[1]
+  stats = runs.last[2]
+  sigma = Math.sqrt(kept * [every - 1, 1].max) / kept
+  label = cap ? "#{every}, max_tracked_objects #{cap}" : every.to_s
+  notes = cap ? "thinning #{stats[:thinning]}, #{stats[:lifetime_thinnings]} thinnings, #{stats[:lifetime_recordings_skipped_max_tracked]} skipped at the cap" : ""
+  [label, kept.to_s, format("%.4f", Bench.median(ratios)), format("%.4f..%.4f", ratios.min, ratios.max),
+    format("%.4f", sigma), notes]
+end
+Bench.header("bench/accuracy.rb: countdown estimate / kept by sample_every", ["#{ROUNDS} rounds per row, median (min..max)"])
+Bench.table(["sample_every", "kept", "ratio", "range", "sigma (relative)", "notes"], rows)

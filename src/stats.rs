@@ -45,6 +45,13 @@ pub struct Lifetime {
     /// Skipped records that update walks dropped because they were collected (see
     /// [`LastUpdate::skipped_objects_dropped`]).
     pub skipped_objects_dropped: u64,
+    /// Recordings left out by the thinning in force near `max_tracked_objects` (each kept one
+    /// stands for them: see `HeapRecorder::update`).
+    pub recordings_skipped_thinned: u64,
+    /// Times the records were thinned (half of them dropped at random, the rest weighted double).
+    pub thinnings: u64,
+    /// Records those thinnings dropped.
+    pub records_thinned: u64,
 }
 
 impl Lifetime {
@@ -92,6 +99,9 @@ pub struct Stats {
     pub last_update: LastUpdate,
     pub lifetime: Lifetime,
     pub string_refs: u64,
+    /// Recordings are kept one in `thinning` (a power of two, 1 unless near `max_tracked_objects`)
+    /// on top of `sample_rate`, each weighted by it.
+    pub thinning: u64,
 }
 
 impl Stats {
@@ -170,6 +180,13 @@ impl Stats {
                 C(l.skipped_objects_dropped),
             ),
             ("interned_string_refs", C(self.string_refs)),
+            ("thinning", C(self.thinning)),
+            (
+                "lifetime_recordings_skipped_thinned",
+                C(l.recordings_skipped_thinned),
+            ),
+            ("lifetime_thinnings", C(l.thinnings)),
+            ("lifetime_records_thinned", C(l.records_thinned)),
         ]
     }
 }

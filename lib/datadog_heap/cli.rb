@@ -203,6 +203,7 @@ module DatadogHeap
       kind = group[:group]
       noun = kind.to_s
       @out.puts(profile_summary(profile, sites.size, noun))
+      profile.comments.each { |comment| @out.puts("Note: #{comment}") }
       if sites.empty?
         @out.puts("No live objects in #{profile.count > 1 ? "these profiles" : "this profile"}.")
         return

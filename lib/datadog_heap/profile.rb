@@ -181,6 +181,12 @@ module DatadogHeap
       !info[:bytes_index].nil?
     end
 
+    # The profile's comments: ours say when max_tracked_objects bounded the recorder (estimates
+    # thinned, or low), and `go tool pprof` shows them too.
+    def comments
+      info[:comments]
+    end
+
     # Sum of live objects over every sample, weighted (what the samples stand for).
     def total_objects
       info[:total_objects] || 0

@@ -246,7 +246,11 @@ fn build_profile(
 
     let end = options.end.unwrap_or_else(SystemTime::now);
     let start = options.start.unwrap_or(end);
+    let comment = (snapshot.notes().iter())
+        .map(|note| strings.push(note.clone()))
+        .collect();
     let profile = pb::Profile {
+        comment,
         sample_types,
         samples,
         locations: tables.locations,

@@ -67,6 +67,8 @@ pub struct ProfileData {
     pub time_nanos: i64,
     pub duration_nanos: i64,
     pub samples: Vec<SampleData>,
+    /// The profile's comments (ours say when `max_tracked_objects` bounded the estimates).
+    pub comments: Vec<String>,
 }
 
 impl ProfileData {
@@ -283,6 +285,9 @@ fn resolve(profile: &pb::Profile, frame_budget: u64) -> Result<ProfileData> {
         });
     }
 
+    let comments = (profile.comment.iter())
+        .map(|&index| text(index, &|| "a comment".to_owned()).map(str::to_owned))
+        .collect::<Result<_>>()?;
     Ok(ProfileData {
         sample_types,
         period_type,
@@ -290,6 +295,7 @@ fn resolve(profile: &pb::Profile, frame_budget: u64) -> Result<ProfileData> {
         time_nanos: profile.time_nanos,
         duration_nanos: profile.duration_nanos,
         samples,
+        comments,
     })
 }
 

@@ -339,6 +339,12 @@ pub fn merge_profiles(profiles: &[&ProfileData]) -> Result<ProfileData> {
         .map(|p| p.time_nanos.saturating_add(p.duration_nanos))
         .max()
         .unwrap_or(0);
+    let mut comments: Vec<String> = Vec::new();
+    for comment in profiles.iter().flat_map(|p| &p.comments) {
+        if !comments.contains(comment) {
+            comments.push(comment.clone());
+        }
+    }
     let mut samples = Vec::with_capacity(profiles.iter().map(|p| p.samples.len()).sum());
     for p in profiles {
         let columns: Vec<Option<usize>> = types
@@ -369,6 +375,7 @@ pub fn merge_profiles(profiles: &[&ProfileData]) -> Result<ProfileData> {
         time_nanos: start,
         duration_nanos: end.saturating_sub(start),
         samples,
+        comments,
     })
 }
 

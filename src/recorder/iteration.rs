@@ -15,7 +15,7 @@ use crate::stack::Stack;
 use crate::strings::StringId;
 use crate::vm::Vm;
 
-use super::{HeapRecorder, LiveObjectData, UpdateKind};
+use super::{HeapRecorder, LiveObjectData, State, UpdateKind};
 
 /// Objects younger than this (not yet through a GC) are left out of iterations.
 pub const ITERATION_MIN_AGE: u64 = 1;
@@ -59,6 +59,7 @@ pub struct Snapshot {
     objects: Vec<LiveObject>,
     names: Names,
     size_enabled: bool,
+    notes: Vec<String>,
 }
 
 impl Snapshot {
@@ -79,6 +80,12 @@ impl Snapshot {
 
     pub fn size_enabled(&self) -> bool {
         self.size_enabled
+    }
+
+    /// What a reader must know to trust the numbers: the recorder was bounded by
+    /// `max_tracked_objects` (pprof comments; `datadog-heap report` prints them).
+    pub fn notes(&self) -> &[String] {
+        &self.notes
     }
 
     /// Objects in the snapshot, young ones included.
@@ -119,6 +126,7 @@ impl HeapRecorder {
             objects,
             names,
             size_enabled: state.options.size_enabled,
+            notes: bounded_notes(&state),
         })
     }
 
@@ -164,4 +172,30 @@ impl HeapRecorder {
     pub fn is_iterating(&self) -> Result<bool> {
         Ok(self.state_ref()?.iterating)
     }
+}
+
+/// The notes a snapshot carries when `max_tracked_objects` bounded the recorder (see
+/// `Snapshot::notes`).
+fn bounded_notes(state: &State) -> Vec<String> {
+    let cap = state.options.max_tracked_objects;
+    let mut notes = Vec::new();
+    let l = &state.lifetime;
+    if l.recordings_skipped_max_tracked > 0 {
+        notes.push(format!(
+            "datadog_heap: estimates are low: {} recordings were skipped at max_tracked_objects \
+             ({cap}) before the records could be thinned",
+            l.recordings_skipped_max_tracked
+        ));
+    }
+    if l.thinnings > 0 {
+        notes.push(format!(
+            "datadog_heap: max_tracked_objects ({cap}) was neared, so records were thinned {} \
+             time{} (half dropped at random, the rest weighted double; new recordings kept one \
+             in {}): estimates stay unbiased, with more variance",
+            l.thinnings,
+            if l.thinnings == 1 { "" } else { "s" },
+            state.thinning
+        ));
+    }
+    notes
 }

@@ -103,6 +103,8 @@ pub enum RecordOutcome {
     SkippedBufferFull,
     /// `max_tracked_objects` reached.
     SkippedMaxTracked,
+    /// Left out by the thinning in force near `max_tracked_objects`.
+    SkippedThinned,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -143,6 +145,22 @@ pub(crate) struct State {
     lifetime: Lifetime,
     /// String references we hold in the storage (interns minus uninterns of non-empty strings).
     string_refs: u64,
+    /// Recordings are kept one in `thinning` on top of `sample_rate`, each weighted by it: a power
+    /// of two, 1 unless the records neared `max_tracked_objects` (see `update`).
+    thinning: u64,
+    /// The thinning's random stream (xorshift64).
+    rng: u64,
+}
+
+impl State {
+    fn next_random(&mut self) -> u64 {
+        let mut x = self.rng;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng = x;
+        x
+    }
 }
 
 pub struct HeapRecorder {
@@ -219,6 +237,8 @@ impl HeapRecorder {
                 last_update: LastUpdate::default(),
                 lifetime: Lifetime::default(),
                 string_refs: 0,
+                thinning: 1,
+                rng: 0x9E37_79B9_7F4A_7C15,
             }),
             pending: RefCell::new(Vec::with_capacity(MAX_PENDING_RECORDINGS)),
             strings: Strings::new(),
@@ -355,6 +375,12 @@ impl HeapRecorder {
             state.lifetime.recordings_skipped_sample_rate += 1;
             return skipped(state, RecordOutcome::SkippedSampleRate);
         }
+        if state.thinning > 1 && state.next_random() % state.thinning != 0 {
+            // This one stood for `sample_rate` recordings; the next one kept stands for it.
+            state.since_last_kept = 0;
+            state.lifetime.recordings_skipped_thinned += 1;
+            return skipped(state, RecordOutcome::SkippedThinned);
+        }
         if self.lock.is_held() {
             // A commit or update is mid-way (maybe suspended in another thread): touching what it
             // works on is not safe, so this one is dropped, and counted.
@@ -378,6 +404,7 @@ impl HeapRecorder {
 
         let weight = weight
             .checked_mul(u64::from(state.options.sample_rate))
+            .and_then(|w| w.checked_mul(state.thinning))
             .ok_or(HeapError::WeightOverflow {
                 weight,
                 sample_rate: state.options.sample_rate,
@@ -491,6 +518,11 @@ impl HeapRecorder {
             state.committed_since_walk += 1;
             committed += 1;
         }
+        // Thinned here too, not only by updates (which wait for a GC): between two GCs the
+        // records could otherwise reach the cap, and recordings past it are lost.
+        if self.adjust_thinning()? {
+            self.strings.lock()?.compact();
+        }
         Ok(CommitOutcome::Committed(committed))
     }
 
@@ -524,6 +556,7 @@ impl HeapRecorder {
             last_update: state.last_update,
             lifetime: state.lifetime,
             string_refs: state.string_refs,
+            thinning: state.thinning,
         })
     }
 

@@ -717,13 +717,14 @@ fn memsize_grows_with_tracked_objects() {
 #[test]
 fn max_tracked_objects_bounds_pending_plus_committed() {
     let rec = HeapRecorder::new(RecorderOptions {
-        max_tracked_objects: 3,
+        max_tracked_objects: 4,
         ..RecorderOptions::default()
     });
     let mut vm = FakeVm::new();
-    let objs: Vec<_> = (0..2).map(|i| record(&rec, &mut vm, "a", i)).collect();
-    rec.commit(&mut vm).unwrap();
-    record(&rec, &mut vm, "a", 9);
+    // Between two commits nothing can make room: past the cap, recordings are skipped.
+    (0..4).for_each(|i| {
+        record(&rec, &mut vm, "a", i);
+    });
     let extra = vm.alloc(1);
     let r = rec
         .record_allocation(extra, 1, None, &frames("a", 1), 0)
@@ -733,15 +734,15 @@ fn max_tracked_objects_bounds_pending_plus_committed() {
         rec.stats().unwrap().lifetime.recordings_skipped_max_tracked,
         1
     );
-    // Room again once an object dies and an update drops it.
+    // The commit thins them (at three quarters of the cap): room again.
     rec.commit(&mut vm).unwrap();
-    vm.gc();
-    vm.kill(objs[0]);
-    full_update(&rec, &mut vm);
+    let stats = rec.stats().unwrap();
+    assert!(stats.lifetime.thinnings >= 1 && stats.thinning >= 2);
+    assert!(stats.num_object_records + stats.pending_recordings_count < 3);
     let r = rec
         .record_allocation(extra, 1, None, &frames("a", 1), 0)
         .unwrap();
-    assert_eq!(r.outcome, RecordOutcome::Pending);
+    assert_ne!(r.outcome, RecordOutcome::SkippedMaxTracked);
 }
 
 #[test]
@@ -993,9 +994,10 @@ fn a_failed_walk_releases_the_lock_and_drops_nothing() {
 }
 
 #[test]
-fn at_max_tracked_objects_a_young_update_walks_to_make_room() {
+fn near_max_tracked_objects_a_young_update_walks_to_prune_before_thinning() {
+    // Thinning starts at three quarters of the cap: 22 of 30.
     let rec = HeapRecorder::new(RecorderOptions {
-        max_tracked_objects: 21,
+        max_tracked_objects: 30,
         ..RecorderOptions::default()
     });
     let mut vm = FakeVm::new();
@@ -1007,19 +1009,18 @@ fn at_max_tracked_objects_a_young_update_walks_to_make_room() {
     }
     record(&rec, &mut vm, "young", 1);
     rec.commit(&mut vm).unwrap();
-    let refused = vm.alloc(8);
-    let r = rec
-        .record_allocation(refused, 1, None, &frames("late", 1), vm.gc)
-        .unwrap();
-    assert_eq!(r.outcome, RecordOutcome::SkippedMaxTracked);
+    record(&rec, &mut vm, "pending", 1);
     vm.gc();
     old.iter().take(10).for_each(|&o| vm.kill(o));
-    // One young object among 21: lookups would be chosen, and the 10 old dead would stay.
+    // One young object among 22: lookups would be chosen, and the 10 old dead would stay.
     let UpdateOutcome::Done(last) = rec.update(&mut vm, UpdateKind::Young).unwrap() else {
         panic!("young update did not run")
     };
     assert_eq!(vm.walks, 1);
     assert_eq!((last.objects_dead, last.skipped_objects_dropped), (0, 10));
+    // The dead made room: nothing was thinned.
+    let stats = rec.stats().unwrap();
+    assert_eq!((stats.thinning, stats.lifetime.thinnings), (1, 0));
     assert_eq!(
         record_outcome(&rec, &mut vm),
         RecordOutcome::Pending,
@@ -1105,4 +1106,103 @@ fn the_lock_holder_asking_for_a_full_update_is_refused_not_left_waiting() {
         rec.update(&mut vm, UpdateKind::Full).unwrap(),
         UpdateOutcome::Done(_)
     ));
+}
+
+/// Sum of the weights of every tracked object, committed or pending.
+fn tracked_weight(rec: &HeapRecorder) -> u64 {
+    let state = rec.state_ref().unwrap();
+    let committed: u64 = state.object_records.values().map(|r| r.data.weight).sum();
+    let pending: u64 = rec.pending.borrow().iter().map(|p| p.data.weight).sum();
+    committed + pending
+}
+
+#[test]
+fn near_max_tracked_objects_records_are_thinned_and_reweighted_not_skipped() {
+    let rec = HeapRecorder::new(RecorderOptions {
+        max_tracked_objects: 1000,
+        ..RecorderOptions::default()
+    });
+    let mut vm = FakeVm::new();
+    // 800 live objects of weight 3: past three quarters of the cap.
+    for i in 0..800 {
+        let obj = vm.alloc(40);
+        rec.record_allocation(obj, 3, Some("String"), &frames("a", i % 7), vm.gc)
+            .unwrap();
+        // 600 committed (under three quarters of the cap), the last 200 left pending.
+        if i % 200 == 199 && i < 600 {
+            rec.commit(&mut vm).unwrap();
+        }
+    }
+    assert_eq!(tracked_weight(&rec), 2400);
+    vm.gc();
+    assert!(matches!(
+        rec.update(&mut vm, UpdateKind::Young).unwrap(),
+        UpdateOutcome::Done(_)
+    ));
+    let stats = rec.stats().unwrap();
+    assert_eq!((stats.thinning, stats.lifetime.thinnings), (2, 1));
+    let kept = stats.num_object_records + stats.pending_recordings_count;
+    assert_eq!(kept + stats.lifetime.records_thinned, 800);
+    // Each record survived with probability 1/2 and now weighs double: the total is unbiased
+    // (sigma = 3 * sqrt(800) = 85).
+    let total = tracked_weight(&rec);
+    assert_eq!(total, kept * 6);
+    assert!(total.abs_diff(2400) <= 4 * 85, "total weight {total}");
+
+    // New recordings: one in two kept, at double weight.
+    let mut outcomes = Vec::new();
+    for i in 0..100 {
+        let obj = vm.alloc(40);
+        let r = rec
+            .record_allocation(obj, 3, Some("String"), &frames("b", i), vm.gc)
+            .unwrap();
+        outcomes.push(r.outcome);
+    }
+    let pending = outcomes
+        .iter()
+        .filter(|o| **o == RecordOutcome::Pending)
+        .count() as u64;
+    let thinned = rec.stats().unwrap().lifetime.recordings_skipped_thinned;
+    assert_eq!(pending + thinned, 100);
+    assert!((30..=70).contains(&pending), "{pending} of 100 kept");
+    assert!(rec.pending.borrow().iter().all(|p| p.data.weight == 6));
+
+    // The profile says so.
+    rec.commit(&mut vm).unwrap();
+    let snapshot = rec.prepare_iteration(&mut vm).unwrap();
+    assert!(snapshot.notes()[0].contains("records were thinned 1 time ("));
+    drop(snapshot);
+    rec.finish_iteration().unwrap();
+}
+
+#[test]
+fn thinning_is_halved_again_once_few_objects_are_tracked() {
+    let rec = HeapRecorder::new(RecorderOptions {
+        max_tracked_objects: 100,
+        ..RecorderOptions::default()
+    });
+    let mut vm = FakeVm::new();
+    let objs: Vec<_> = (0..80).map(|i| record(&rec, &mut vm, "a", i)).collect();
+    rec.commit(&mut vm).unwrap();
+    vm.gc();
+    rec.update(&mut vm, UpdateKind::Full).unwrap();
+    assert_eq!(rec.stats().unwrap().thinning, 2);
+    for obj in objs {
+        vm.kill(obj);
+    }
+    vm.gc();
+    rec.update(&mut vm, UpdateKind::Full).unwrap();
+    let stats = rec.stats().unwrap();
+    assert_eq!((stats.num_object_records, stats.thinning), (0, 1));
+    let snapshot = rec.prepare_iteration(&mut vm).unwrap();
+    assert!(
+        snapshot
+            .notes()
+            .iter()
+            .any(|n| n.contains("thinned 1 time (")),
+        "the profile still says the estimates were thinned: {:?}",
+        snapshot.notes()
+    );
+    drop(snapshot);
+    rec.finish_iteration().unwrap();
 }

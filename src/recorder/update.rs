@@ -22,6 +22,17 @@ const LOOKUPS_PER_WALKED_OBJECT: usize = 4;
 /// machine. Past it, updates look records up one by one.
 pub const WALK_MAX_RECORDS: usize = 300_000;
 
+/// The share of `max_tracked_objects` (numerator, denominator) at which an update thins the
+/// records (see `adjust_thinning`): room is left for the recordings that arrive before the next.
+pub const THIN_AT: (usize, usize) = (3, 4);
+
+/// An update halves the thinning again when fewer than `max_tracked_objects / UNTHIN_BELOW`
+/// objects are tracked.
+pub const UNTHIN_BELOW: usize = 8;
+
+/// The most thinning there can be (each record then stands for 2^40 sampled allocations).
+const MAX_THINNING: u64 = 1 << 40;
+
 /// After an update, the records table gives memory back when it is this many times larger than
 /// what it holds (a burst of short-lived samples grew it).
 const SHRINK_WHEN_CAPACITY_EXCEEDS: usize = 4;
@@ -77,12 +88,16 @@ impl HeapRecorder {
             }
             let gc = vm.gc_count();
             let now = vm.now_ns();
+            // Near the cap the dead are pruned (and the rest thinned) at every GC: waiting out
+            // the interval would skip recordings meanwhile.
+            let near_cap = state.object_records.len() + pending
+                >= (state.options.max_tracked_objects).saturating_mul(THIN_AT.0) / THIN_AT.1;
             if !full {
                 if gc == state.update_gen {
                     state.lifetime.updates_skipped_gcgen += 1;
                     return Ok(UpdateOutcome::SkippedGcGen);
                 }
-                if let Some(last) = state.last_update_ns {
+                if let (Some(last), false) = (state.last_update_ns, near_cap) {
                     if now.saturating_sub(last) < MIN_TIME_BETWEEN_UPDATES_NS {
                         state.lifetime.updates_skipped_time += 1;
                         return Ok(UpdateOutcome::SkippedTime);
@@ -104,8 +119,7 @@ impl HeapRecorder {
                     .filter(|r| young(gc.saturating_sub(r.data.alloc_gen)))
                     .count();
                 let arrivals = usize::try_from(state.committed_since_walk).unwrap_or(usize::MAX);
-                let full_up = total + pending >= state.options.max_tracked_objects;
-                full_up
+                near_cap
                     || visits
                         .saturating_add(arrivals)
                         .saturating_mul(LOOKUPS_PER_WALKED_OBJECT)
@@ -126,7 +140,8 @@ impl HeapRecorder {
             None => self.update_by_lookup(vm, full, update_gen, size_enabled)?,
         };
 
-        if any_dead {
+        let thinned = self.adjust_thinning()?;
+        if any_dead || thinned {
             self.strings.lock()?.compact();
         }
         let mut state = self.state()?;
@@ -138,6 +153,69 @@ impl HeapRecorder {
         let last = state.last_update;
         state.lifetime.record_update(full, &last);
         Ok(UpdateOutcome::Done(last))
+    }
+
+    /// Near `max_tracked_objects` (at [`THIN_AT`] of it, after an update's pruning of the dead,
+    /// or after a commit), drops each
+    /// tracked object (committed or pending) with probability one half and doubles the weight of
+    /// the rest, and doubles the thinning of new recordings: every estimate stays unbiased (each
+    /// record's weight is still the inverse of the chance it had to be kept), with more variance,
+    /// and recording goes on instead of stopping at the cap. Halves the thinning again once the
+    /// records fall under [`UNTHIN_BELOW`] (records kept so far keep their weights). Returns
+    /// whether records were thinned (as many halvings as it takes). Runs under the lock; makes no
+    /// VM call. The WeakMap entries
+    /// of dropped records stay until their objects die (no walk looks at ids it has no record of).
+    pub(super) fn adjust_thinning(&self) -> Result<bool> {
+        let mut thinned = false;
+        while self.thin_once()? {
+            thinned = true;
+        }
+        if !thinned {
+            let mut state = self.state()?;
+            let tracked = state.object_records.len() + self.pending_len()?;
+            if state.thinning > 1 && tracked < state.options.max_tracked_objects / UNTHIN_BELOW {
+                state.thinning /= 2;
+            }
+        }
+        Ok(thinned)
+    }
+
+    /// One halving of the tracked objects, if they are at [`THIN_AT`] of the cap: whether it ran.
+    fn thin_once(&self) -> Result<bool> {
+        let mut state = self.state()?;
+        let mut pending = self.pending()?;
+        let cap = state.options.max_tracked_objects;
+        let tracked = state.object_records.len() + pending.len();
+        if tracked >= cap.saturating_mul(THIN_AT.0) / THIN_AT.1 && state.thinning < MAX_THINNING {
+            let ids: Vec<i64> = state.object_records.keys().copied().collect();
+            let mut dropped = 0;
+            for id in ids {
+                if state.next_random() & 1 == 0 {
+                    if let Some(record) = state.object_records.remove(&id) {
+                        self.release_record(&mut state, &record.stack, record.data.class)?;
+                        dropped += 1;
+                    }
+                } else if let Some(record) = state.object_records.get_mut(&id) {
+                    record.data.weight = record.data.weight.saturating_mul(2);
+                }
+            }
+            let mut kept = Vec::with_capacity(pending.len());
+            for mut p in pending.drain(..) {
+                if state.next_random() & 1 == 0 {
+                    self.release_record(&mut state, &p.stack, p.data.class)?;
+                    dropped += 1;
+                } else {
+                    p.data.weight = p.data.weight.saturating_mul(2);
+                    kept.push(p);
+                }
+            }
+            *pending = kept;
+            state.thinning *= 2;
+            state.lifetime.thinnings += 1;
+            state.lifetime.records_thinned += dropped;
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     /// Ages a record and says whether this update visits it (else counts it as skipped).

@@ -102,6 +102,7 @@ pub fn pick_targets(
         period: 1,
         time_nanos: 0,
         duration_nanos: 0,
+        comments: Vec::new(),
         samples: objects
             .iter()
             .map(|(object, frames, class)| {

@@ -196,7 +196,8 @@ impl Profile {
     }
 
     /// `_native_info` -> Hash: `sample_types` ([[name, unit], ...]), `period_type` ([name, unit]
-    /// or nil), `period`, `time_nanos`, `duration_nanos`, `samples` (count), `objects_index` and
+    /// or nil), `period`, `time_nanos`, `duration_nanos`, `samples` (count), `comments` ([String]),
+    /// `objects_index` and
     /// `bytes_index` (which value counts live objects / bytes, or nil), `total_objects` and
     /// `total_bytes` (sums of those values, or nil).
     fn info(ruby: &Ruby, rb_self: &Self) -> Result<RHash, Error> {
@@ -216,6 +217,7 @@ impl Profile {
             hash.aset(ruby.to_symbol("time_nanos"), data.time_nanos)?;
             hash.aset(ruby.to_symbol("duration_nanos"), data.duration_nanos)?;
             hash.aset(ruby.to_symbol("samples"), data.samples.len())?;
+            hash.aset(ruby.to_symbol("comments"), data.comments.clone())?;
             let objects_at = data.objects_index();
             let bytes_at = data.bytes_index();
             hash.aset(ruby.to_symbol("objects_index"), objects_at)?;

@@ -42,6 +42,7 @@ fn profile(samples: Vec<SampleData>) -> ProfileData {
         ],
         period_type: None,
         period: 1,
+        comments: Vec::new(),
         time_nanos: 0,
         duration_nanos: 0,
         samples,

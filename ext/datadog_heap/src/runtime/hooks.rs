@@ -14,7 +14,7 @@ use std::sync::Arc;
 use rb_sys::VALUE;
 
 use super::{busy, jobs, with, Session};
-use crate::sampler::{self, Mode};
+use crate::sampler;
 use crate::shims::{self, Hook, NewObj};
 
 /// Most sessions one hook call samples; others due at the same allocation take the next one.
@@ -60,7 +60,11 @@ fn on_newobj(event: &NewObj) {
                 if !session.is_running() || !session.sampler.wants_hook(mode) {
                     continue;
                 }
-                if mode != Mode::Countdown && *busy.get_or_insert_with(busy::current_thread_busy) {
+                // Our own work's allocations are not the program's: they neither tick a countdown
+                // nor count in a window, so every sample's weight is an interval of the
+                // program's allocations only (a countdown ticked by them put their share of the
+                // weight on the program's objects: +16% at sample_every 8).
+                if *busy.get_or_insert_with(busy::current_thread_busy) {
                     continue;
                 }
                 let tick = session.sampler.tick(mode);

@@ -1,0 +1,71 @@
+# frozen_string_literal: true
+
+require "spec_helper"
+require "stringio"
+require "tmpdir"
+require "datadog_heap/cli"
+
+# The countdown sampler's estimates against a known truth: a loop keeps one String in four, and
+# the estimate of live Strings allocated at that line (the sum of the weights of their records)
+# must land within 3 sigma of the count kept, at every sample_every (within 2% where every
+# allocation is sampled). The seed is fixed, so a run cannot flake: a failure is a bias.
+RSpec.describe "countdown estimates", :heavy do
+  KEEP_LINE = __LINE__ + 5 # the line of the allocation below
+
+  def workload(iterations)
+    keep = []
+    iterations.times do |i|
+      value = ("v#{i}" * 2)
+      keep << value if i % 4 == 0
+    end
+    keep
+  end
+
+  def estimate(sample_every, iterations, **options)
+    rec = DatadogHeap::Recorder.new(sample_every: sample_every, **options)
+    DatadogHeap::Testing._native_set_seed(rec, 0x5eed + sample_every)
+    rec.start
+    keep = workload(iterations)
+    rec.stop
+    GC.start
+    weight = rec.each_live_object.sum do |o|
+      _name, path, line = o.locations.first
+      (o.class_name == "String" && path == __FILE__ && line == KEEP_LINE) ? o.weight : 0
+    end
+    [keep.size, weight, rec.stats, rec]
+  end
+
+  # sample_every => iterations: enough samples of the kept objects for a 3-sigma bound of a few
+  # percent (about 1000 or more), and at 1 more allocations than fit under the cap at once.
+  {1 => 400_000, 2 => 200_000, 8 => 400_000, 64 => 1_600_000, 1024 => 4_000_000}.each do |every, iterations|
+    it "is unbiased at sample_every #{every}" do
+      kept, estimated, stats = estimate(every, iterations)
+      sigma = Math.sqrt(kept * (every - 1))
+      bound = (every == 1) ? 0.02 * kept : 3 * sigma
+      expect((estimated - kept).abs).to be <= bound,
+        "kept #{kept}, estimated #{estimated} (ratio #{(estimated.to_f / kept).round(4)}, sigma #{sigma.round}); " \
+        "stats: #{stats.slice(:sampler_samples_recorded, :sampler_skipped_reentrant, :lifetime_recordings_skipped_max_tracked,
+          :num_object_records).inspect}"
+    end
+  end
+
+  it "thins and reweights at max_tracked_objects instead of dropping, and says so in the profile" do
+    kept, estimated, stats, rec = estimate(1, 100_000, max_tracked_objects: 5_000)
+    thinning = stats[:thinning]
+    expect(thinning).to be >= 4
+    expect(stats[:lifetime_thinnings]).to be >= 2
+    # Each live object kept with probability 1/thinning at weight thinning (or less, if recorded
+    # before the last thinning): sigma at most sqrt(kept * (thinning - 1)).
+    sigma = Math.sqrt(kept * (thinning - 1))
+    expect((estimated - kept).abs).to be <= 3 * sigma,
+      "kept #{kept}, estimated #{estimated}, thinning #{thinning}, sigma #{sigma.round}; #{stats.inspect}"
+    profile = DatadogHeap::Profile.parse(rec.profile)
+    expect(profile.comments).to include(a_string_matching(/max_tracked_objects \(5000\) was neared, so records were thinned \d+ times/))
+    out = StringIO.new
+    Dir.mktmpdir do |dir|
+      path = rec.write_profile(File.join(dir, "capped.pb.gz"))
+      expect(DatadogHeap::CLI.new(out: out, err: StringIO.new).run(["report", path])).to eq(0)
+    end
+    expect(out.string).to match(/^Note: datadog_heap: max_tracked_objects \(5000\) was neared/)
+  end
+end
