@@ -176,3 +176,6 @@ module DatadogHeap
     end
   end
 end
+
+# In a Rails app (Bundler.require loads this after Rails): config.datadog_heap, see railtie.rb.
+require "datadog_heap/railtie" if defined?(::Rails::Railtie)
