@@ -42,7 +42,7 @@ RSpec.describe "DatadogHeap::Railtie (Rails #{RAILS_AVAILABLE ? Gem::Specificati
       enabled: self.class.boot({enabled: true, sample_every: 64, endpoint: true, output: @output},
         [["/hello", LOOPBACK], ["/debug/heap", LOOPBACK], ["/debug/heap?report=1&top=5", LOOPBACK], ["/debug/heap", REMOTE]]),
       token_after_fork: self.class.boot({enabled: true, endpoint: true, endpoint_path: "/_heap", endpoint_token: "t0ken",
-                                         start_after_fork: true},
+                                         start_after_fork: true, output: File.join(@output, "after_fork"), interval: 3600},
         [["/_heap", REMOTE.merge("HTTP_AUTHORIZATION" => "Bearer t0ken")], ["/_heap", LOOPBACK.merge("HTTP_AUTHORIZATION" => "Bearer nope")],
           ["/_heap", LOOPBACK]], fork: true),
       default: self.class.boot({}, [["/debug/heap", LOOPBACK], ["/hello", LOOPBACK]]),
@@ -83,7 +83,9 @@ RSpec.describe "DatadogHeap::Railtie (Rails #{RAILS_AVAILABLE ? Gem::Specificati
     expect(token_ok[2]).to include("not recording")
     expect(token_wrong).to eq([403, "text/plain; charset=utf-8", "Forbidden\n"])
     expect(no_token[0]).to eq(403)
-    expect(result[:child]).to eq(started: true, recording: true)
+    expect(result[:child]).to eq(started: true, recording: true, auto: true,
+      grandchild: {started: false, recording: true})
+    expect(result[:stderr]).not_to include("already profiles")
   end
 
   it "does nothing unless configured" do

@@ -82,6 +82,9 @@ module DatadogHeap
 
         if settings[:start_after_fork]
           @after_fork = settings
+          # Auto mode's fork hook first, so ours runs after it in the child: a worker's own
+          # children are then auto mode's to handle (after_fork forgets the settings there).
+          require "datadog_heap/auto_mode" if settings[:output] || settings[:upload]
           Process.singleton_class.prepend(ForkHook)
         else
           start_now(settings)
@@ -90,7 +93,9 @@ module DatadogHeap
 
       # Called in a forked child: starts recording there when start_after_fork asked for it.
       def after_fork
-        start_now(@after_fork) if @after_fork
+        settings = @after_fork
+        @after_fork = nil # this child's own children inherit its recorder (and writer) instead
+        start_now(settings) if settings
       end
 
       # Whether this process records because of the Railtie (for tests and the curious).
