@@ -79,6 +79,7 @@ RSpec.describe DatadogHeap::Middleware do
       status, _, body = request(middleware, remote: "203.0.113.9", headers: {"HTTP_AUTHORIZATION" => "Bearer s3cret-token"})
       expect(status).to eq(200)
       expect(body.byteslice(0, 2).bytes).to eq([0x1f, 0x8b])
+      expect(request(middleware, remote: "203.0.113.9", headers: {"HTTP_AUTHORIZATION" => "bearer  s3cret-token"}).first).to eq(200)
     end
 
     it "answers 403 to a missing, wrong or malformed token, loopback clients included" do
@@ -124,6 +125,9 @@ RSpec.describe DatadogHeap::Middleware do
     expect { described_class.new(app, path: "debug") }.to raise_error(ArgumentError, /path must start with "\/".*"debug"/)
     expect { described_class.new(app, path: :x) }.to raise_error(TypeError, /path must be a String, got :x \(Symbol\)/)
     expect { described_class.new(app, token: "") }.to raise_error(ArgumentError, /token must not be empty/)
+    expect { described_class.new(app, token: "two words") }.to raise_error(ArgumentError, /token must not contain whitespace/) { |e|
+      expect(e.message).not_to include("two words")
+    }
     expect { described_class.new(app, token: 12345) }.to raise_error(TypeError, /token must be a String or nil, got a Integer/)
     expect { described_class.new(app, token: 12345) }.to raise_error(TypeError) { |e| expect(e.message).not_to include("12345") }
     expect { described_class.new(app, recorder: "r") }.to raise_error(TypeError, /recorder must be a DatadogHeap::Recorder or nil, got "r"/)

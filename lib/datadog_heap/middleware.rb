@@ -75,6 +75,7 @@ module DatadogHeap
         raise TypeError, "token must be a String or nil, got a #{Validate.class_name(token)} (not shown: it is a secret)" unless String === token
         # The value itself is a secret: never shown.
         raise ArgumentError, "token must not be empty (nil: loopback clients only)" if token.strip.empty?
+        raise ArgumentError, "token must not contain whitespace (it is sent as `Authorization: Bearer <token>`)" if token.match?(/\s/)
 
         token
       end
@@ -121,7 +122,7 @@ module DatadogHeap
     # The response refusing this client, or nil when it may read the heap.
     def refusal(env)
       if @token_digest
-        given = env["HTTP_AUTHORIZATION"].to_s[/\ABearer[ \t]+(\S+)[ \t]*\z/, 1]
+        given = env["HTTP_AUTHORIZATION"].to_s[/\ABearer[ \t]+(\S+)[ \t]*\z/i, 1]
         ok = given && self.class.secure_compare_digests(Digest::SHA256.digest(given), @token_digest)
         return ok ? nil : text(403, "Forbidden\n")
       end
