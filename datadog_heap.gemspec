@@ -24,6 +24,7 @@ Gem::Specification.new do |spec|
     "ext/**/{Cargo.toml,extconf.rb,*.rs}",
     "lib/**/*.rb",
     "exe/*",
+    "sig/**/*.rbs",
   ].reject { |f| File.directory?(f) || f.include?("/target/") }
   spec.require_paths = ["lib"]
   spec.bindir = "exe"

@@ -38,14 +38,16 @@ puts "datadog_heap #{DatadogHeap::VERSION} (native #{DatadogHeap._native_version
 recorder = DatadogHeap.start
 cache = LeakyCache.new
 started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+# Progress: one line per step into a file or pipe; on a terminal, one line rewritten in place.
+progress_end = $stdout.tty? ? "\r" : "\n"
 15_000.times do |i|
   handle_request(cache, i)
-  print "\rrequests: #{i + 1}" if ((i + 1) % 5_000).zero?
+  print "requests: #{i + 1}#{progress_end}" if ((i + 1) % 5_000).zero?
 end
 DatadogHeap.stop
 GC.start
 elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - started
-puts
+puts if $stdout.tty?
 
 out = File.expand_path("../tmp/demo/heap.pb.gz", __dir__)
 FileUtils.mkdir_p(File.dirname(out))

@@ -119,7 +119,17 @@ end
 begin
   require "datadog_heap/#{RUBY_VERSION[/\d+\.\d+/]}/datadog_heap"
 rescue LoadError
-  require "datadog_heap/datadog_heap"
+  begin
+    require "datadog_heap/datadog_heap"
+  rescue LoadError => e
+    # A precompiled gem on a Ruby it has no extension for: say which it has and what to do.
+    built = Dir[File.join(__dir__, "datadog_heap", "*", "datadog_heap.{so,bundle}")].map { |f| File.basename(File.dirname(f)) }.sort
+    raise e if built.empty?
+
+    raise LoadError, "datadog_heap has no extension for Ruby #{RUBY_VERSION} here (it has one for Ruby " \
+      "#{built.join(", ")}): install the source gem, which compiles one (`gem install datadog_heap --platform ruby`; " \
+      "needs cargo), or in a checkout run `rake compile` (#{e.message})"
+  end
 end
 
 unless DatadogHeap.native_window_timer_safe?
@@ -198,3 +208,6 @@ module DatadogHeap
     end
   end
 end
+
+# In a Rails app (Bundler.require loads this after Rails): config.datadog_heap, see railtie.rb.
+require "datadog_heap/railtie" if defined?(::Rails::Railtie)

@@ -78,6 +78,13 @@ module DatadogHeap
       EXIT_ERROR
     end
 
+    # Writes what `datadog-heap report` prints for `profile` (a Profile) to this CLI's `out`; the
+    # options are the command's (by: :size or :count, group: a Profile::GROUPS member).
+    def write_report(profile, top: DEFAULT_TOP, by: :size, group: :site, app_root: Dir.pwd)
+      report(profile, {top: top, by: by, group: group, app_root: app_root})
+      nil
+    end
+
     private
 
     def main_help

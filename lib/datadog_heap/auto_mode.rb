@@ -1,0 +1,262 @@
+# frozen_string_literal: true
+
+# DatadogHeap::Auto, the machinery of auto mode (see lib/datadog_heap/auto.rb), without starting
+# it: `require "datadog_heap/auto"` starts it from the environment, the Railtie from its config.
+
+require "fileutils"
+require "datadog_heap"
+require "datadog_heap/upload"
+
+module DatadogHeap
+  # The machinery behind `require "datadog_heap/auto"`; see lib/datadog_heap/auto.rb.
+  module Auto
+    ENV_OUTPUT = "DATADOG_HEAP_OUTPUT"
+    ENV_INTERVAL = "DATADOG_HEAP_INTERVAL"
+    ENV_SAMPLE_EVERY = "DATADOG_HEAP_SAMPLE_EVERY"
+    ENV_SAMPLER = "DATADOG_HEAP_SAMPLER"
+    # "1": every profile carries retainer paths (Recorder#profile(retainers: true)).
+    ENV_RETAINERS = "DATADOG_HEAP_RETAINERS"
+    # How long the exit handler waits for a write in progress in the writer thread.
+    STOP_TIMEOUT = 10
+    # Seconds between two profiles when uploading and DATADOG_HEAP_INTERVAL is unset.
+    UPLOAD_INTERVAL = 60
+    # What a failure here can raise. Not Interrupt, SignalException or SystemExit: those belong
+    # to the program.
+    FAILURES = [StandardError, ScriptError, NoMemoryError, SystemStackError].freeze
+
+    # Where the profiles of one process go.
+    class Output
+      def initialize(path, directory)
+        @path = path
+        @directory = directory
+        @root_pid = Process.pid
+        @count = 0
+      end
+
+      # The path of the next write.
+      def next_path
+        @count += 1
+        return File.join(@path, "heap-#{Process.pid}-#{@count}.pb.gz") if @directory
+        return @path if Process.pid == @root_pid
+
+        base = File.basename(@path).sub(/(\.pb)?(\.gz)?\z/, "")
+        File.join(File.dirname(@path), "#{base}-#{Process.pid}.pb.gz")
+      end
+
+      # In a forked child: numbering starts again (the pid in the names tells the files apart).
+      def after_fork
+        @count = 0
+      end
+
+      def prepare
+        FileUtils.mkdir_p(@directory ? @path : File.dirname(@path))
+      end
+    end
+
+    class << self
+      # The DatadogHeap::Upload profiles go to, or nil.
+      attr_reader :upload
+
+      # Whether setup started writing or uploading profiles in this process.
+      def active?
+        !!(@output || @upload)
+      end
+
+      # What the environment asked for: {output:, interval:, sample_every:}. Warns about each
+      # invalid value and uses its default instead.
+      def config(env = ENV)
+        {output: output(env), interval: interval(env), sample_every: sample_every(env), sampler: sampler(env)}
+      end
+
+      # Starts recording and the writer, and registers the exit handler. Called once, when this
+      # file is required; warns instead of raising.
+      def setup(env = ENV)
+        config = config(env)
+        @output = config[:output]
+        @interval = config[:interval]
+        @upload = upload_from_env(env)
+        if @upload
+          @output = nil if env[ENV_OUTPUT].nil? || env[ENV_OUTPUT].empty?
+          @interval ||= UPLOAD_INTERVAL
+        end
+        @retainers = env[ENV_RETAINERS] == "1"
+        opts = config.slice(:sample_every, :sampler).compact
+        # The writer thread first, so its own allocations are not sampled.
+        start_writer
+        at_exit { finish }
+        DatadogHeap.start(**opts)
+        true
+      rescue *FAILURES => e
+        @output = nil
+        @upload = nil
+        stop_writer
+        warn "datadog_heap/auto: not profiling: #{e.class}: #{e.message}"
+        false
+      end
+
+      # Writes one profile now; returns its path, or nil (after a warning) when the write failed.
+      def write
+        path = @output.next_path
+        @output.prepare if @failing || !@prepared
+        @prepared = true
+        @retainers ? DatadogHeap.recorder.write_profile(path, retainers: true) : DatadogHeap.write_profile(path)
+        @failing = false
+        path
+      rescue *FAILURES => e
+        # One warning per run of failures, not one per interval.
+        warn "datadog_heap/auto: could not write #{path || "a profile"}: #{e.class}: #{e.message}" unless @failing
+        @failing = true
+        nil
+      end
+
+      # Writes and uploads one profile, as configured.
+      def publish
+        write if @output
+        @upload&.push(DatadogHeap.recorder)
+      rescue *FAILURES => e
+        warn "datadog_heap/auto: could not upload a profile: #{e.class}: #{e.message}"
+      end
+
+      # In a forked child the writer thread is gone: start a new one, with new numbering.
+      def after_fork
+        return unless @output || @upload
+
+        @output&.after_fork
+        @upload&.after_fork
+        @failing = false
+        start_writer
+      rescue *FAILURES => e
+        warn "datadog_heap/auto: no periodic profiles in child #{Process.pid}: #{e.class}: #{e.message}"
+      end
+
+      private
+
+      def upload_from_env(env)
+        return nil if env[DatadogHeap::Upload::ENV_UPLOAD].to_s.strip.empty?
+
+        DatadogHeap::Upload.from_env(env)
+      rescue *FAILURES => e
+        warn "datadog_heap/auto: not uploading: #{e.class}: #{e.message}"
+        nil
+      end
+
+      def output(env)
+        value = env[ENV_OUTPUT]
+        return Output.new(Dir.pwd, true) if value.nil? || value.empty?
+
+        path = File.expand_path(value)
+        Output.new(path, value.end_with?("/") || File.directory?(path))
+      end
+
+      def interval(env)
+        value = env[ENV_INTERVAL]
+        return nil if value.nil? || value.strip.empty?
+
+        seconds = Float(value, exception: false)
+        return seconds if seconds&.finite? && seconds > 0
+
+        warn "datadog_heap/auto: ignoring #{ENV_INTERVAL}=#{value.inspect}: expected a number of seconds > 0; " \
+          "writing a profile at exit only"
+        nil
+      end
+
+      # :countdown, :windowed or nil (the Recorder's default).
+      def sampler(env)
+        value = env[ENV_SAMPLER]
+        return nil if value.nil? || value.strip.empty?
+
+        found = Recorder::SAMPLERS.find { |s| s.to_s == value.strip }
+        return found if found
+
+        warn "datadog_heap/auto: ignoring #{ENV_SAMPLER}=#{value.inspect}: expected " \
+          "#{Recorder::SAMPLERS.join(" or ")}; using the default #{Recorder::DEFAULTS[:sampler]}"
+        nil
+      end
+
+      def sample_every(env)
+        value = env[ENV_SAMPLE_EVERY]
+        return nil if value.nil? || value.strip.empty?
+
+        n = Integer(value.strip, 10, exception: false)
+        return n if n && n.between?(1, Recorder::U32_MAX)
+
+        warn "datadog_heap/auto: ignoring #{ENV_SAMPLE_EVERY}=#{value.inspect}: expected an Integer between 1 " \
+          "and #{Recorder::U32_MAX}; using the sampler's default"
+        nil
+      end
+
+      # A thread that writes every @interval seconds until #stop_writer. Its own mutex and
+      # condition variable each time, so a child never waits on a lock its parent's thread held.
+      def start_writer
+        return unless @interval
+
+        @lock = Mutex.new
+        @wakeup = ConditionVariable.new
+        @stopping = false
+        @writer = Thread.new { writer_loop }
+        @writer.name = "datadog_heap/auto writer"
+        @writer.report_on_exception = false
+      end
+
+      def writer_loop
+        loop do
+          @lock.synchronize do
+            deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + @interval
+            until @stopping
+              left = deadline - Process.clock_gettime(Process::CLOCK_MONOTONIC)
+              break if left <= 0
+
+              @wakeup.wait(@lock, left)
+            end
+          end
+          break if @stopping
+
+          publish
+        end
+      rescue *FAILURES => e
+        warn "datadog_heap/auto: periodic profiles stopped: #{e.class}: #{e.message}"
+      end
+
+      def stop_writer
+        writer = @writer
+        return unless writer&.alive?
+
+        @lock.synchronize do
+          @stopping = true
+          @wakeup.signal
+        end
+        writer.kill unless writer.join(STOP_TIMEOUT)
+      end
+
+      # The exit handler: stop the writer, stop sampling, collect what is dead, write.
+      def finish
+        return unless @output || @upload
+
+        stop_writer
+        DatadogHeap.stop
+        GC.start
+        publish
+      rescue *FAILURES => e
+        warn "datadog_heap/auto: no final profile: #{e.class}: #{e.message}"
+      end
+    end
+
+    # Restarts the writer in a forked child (after DatadogHeap::ForkHook has reset the recorder).
+    module ForkHook
+      def _fork
+        pid = super
+        DatadogHeap::Auto.after_fork if pid == 0
+        pid
+      end
+
+      # On Linux Process.daemon calls libc daemon(3), not _fork; only the daemon returns here.
+      def daemon(*args)
+        result = super
+        DatadogHeap::Auto.after_fork
+        result
+      end
+    end
+  end
+end
+
+Process.singleton_class.prepend(DatadogHeap::Auto::ForkHook)

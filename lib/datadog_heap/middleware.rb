@@ -1,0 +1,192 @@
+# frozen_string_literal: true
+
+require "digest"
+require "ipaddr"
+require "stringio"
+require "uri"
+require "datadog_heap"
+
+module DatadogHeap
+  # A Rack middleware that serves the live heap on demand, as Go programs serve /debug/pprof/heap:
+  #
+  #   use DatadogHeap::Middleware                                  # config.ru; loopback clients only
+  #   use DatadogHeap::Middleware, token: ENV["HEAP_TOKEN"]        # any client with the bearer token
+  #
+  #   curl -o heap.pb.gz http://127.0.0.1:9292/debug/heap          # gzip pprof of the live heap
+  #   curl 'http://127.0.0.1:9292/debug/heap?report=1&top=20'      # the text of `datadog-heap report`
+  #
+  # It is off unless added: nothing else serves the heap. Requests to any other path go to the app
+  # untouched. Who may read the heap:
+  # - without `token:`, only loopback clients (127.0.0.0/8, ::1) that came straight in: a request
+  #   carrying a proxy header (X-Forwarded-For, Forwarded, X-Real-IP) is not, since a proxy on
+  #   the same host makes every client look local. Others get 404, as if nothing were here.
+  # - with `token:`, any client sending `Authorization: Bearer <token>`, compared in constant time;
+  #   others get 403.
+  # Only GET (405 otherwise). Query: `report=1` (text instead of pprof), `top=N` (1 to 1000, default
+  # 10), `by=size|count`; a bad value gets 400 naming it. The profile is the process-wide
+  # recorder's (DatadogHeap.start, auto mode, the Railtie) unless `recorder:` names another; 503
+  # while there is none. Building a profile runs a full update under the GVL (see
+  # Recorder#profile), so requests are served one at a time. Nothing here raises into the server:
+  # a failure is a 500 naming it.
+  class Middleware
+    DEFAULT_PATH = "/debug/heap"
+    MAX_TOP = 1000
+    PROXY_HEADERS = %w[HTTP_X_FORWARDED_FOR HTTP_FORWARDED HTTP_X_REAL_IP].freeze
+    TRUE_VALUES = %w[1 true yes].freeze
+    FALSE_VALUES = ["", "0", "false", "no"].freeze
+
+    # A query parameter the endpoint cannot use; answered with 400.
+    class BadRequest < StandardError; end
+
+    attr_reader :path
+
+    # `path`: where the endpoint answers (a String starting with "/"). `token`: nil (loopback
+    # clients only) or the bearer token clients must send (a non-empty String). `recorder`: nil
+    # (DatadogHeap.recorder at each request) or a DatadogHeap::Recorder.
+    def initialize(app, path: DEFAULT_PATH, token: nil, recorder: nil)
+      @app = app
+      @path = self.class.check_path(path)
+      @token_digest = NilClass === (token = self.class.check_token(token)) ? nil : Digest::SHA256.digest(token)
+      unless NilClass === recorder || Recorder === recorder
+        raise TypeError, "recorder must be a DatadogHeap::Recorder or nil, got #{Validate.describe(recorder)}"
+      end
+      @recorder = recorder
+      @lock = Mutex.new
+    end
+
+    def call(env)
+      return @app.call(env) unless env["PATH_INFO"] == @path
+
+      serve(env)
+    end
+
+    class << self
+      def check_path(path)
+        raise TypeError, "path must be a String, got #{Validate.describe(path)}" unless String === path
+        unless path.start_with?("/") && !path.include?("\0") && path.length > 1
+          raise ArgumentError, "path must start with \"/\" and name a path, got #{Validate.show(path)}"
+        end
+
+        path.dup.freeze
+      end
+
+      def check_token(token)
+        return nil if NilClass === token
+        raise TypeError, "token must be a String or nil, got a #{Validate.class_name(token)} (not shown: it is a secret)" unless String === token
+        # The value itself is a secret: never shown.
+        raise ArgumentError, "token must not be empty (nil: loopback clients only)" if token.strip.empty?
+        raise ArgumentError, "token must not contain whitespace (it is sent as `Authorization: Bearer <token>`)" if token.match?(/\s/)
+
+        token
+      end
+
+      # Whether `a` and `b` are the same String, in a time that does not depend on where they
+      # differ or on their lengths: both are hashed first, then every byte of the digests is compared.
+      def secure_compare(a, b)
+        secure_compare_digests(Digest::SHA256.digest(a), Digest::SHA256.digest(b))
+      end
+
+      def secure_compare_digests(a, b)
+        return false unless a.bytesize == b.bytesize
+
+        diff = 0
+        a.bytes.zip(b.bytes) { |x, y| diff |= x ^ y }
+        diff == 0
+      end
+    end
+
+    private
+
+    def serve(env)
+      refused = refusal(env)
+      return refused if refused
+      return text(405, "datadog_heap: #{@path} answers GET only\n", "allow" => "GET") unless env["REQUEST_METHOD"] == "GET"
+
+      query = parse_query(env["QUERY_STRING"].to_s)
+      recorder = @recorder || DatadogHeap.recorder
+      return text(503, "datadog_heap: not recording in this process (pid #{Process.pid}): DatadogHeap.start was never called\n") unless recorder
+
+      bytes = @lock.synchronize { recorder.profile }
+      return report(bytes, query) if query[:report]
+
+      [200, {"content-type" => "application/octet-stream", "content-length" => bytes.bytesize.to_s,
+        "content-disposition" => "attachment; filename=\"heap-#{Process.pid}.pb.gz\"", "cache-control" => "no-store"}, [bytes]]
+    rescue BadRequest => e
+      text(400, "datadog_heap: #{e.message}\n")
+    rescue DatadogHeap::Error => e
+      text(503, "datadog_heap: #{e.message}\n")
+    rescue StandardError => e
+      text(500, "datadog_heap: could not build the heap profile: #{e.class}: #{e.message}\n")
+    end
+
+    # The response refusing this client, or nil when it may read the heap.
+    def refusal(env)
+      if @token_digest
+        given = env["HTTP_AUTHORIZATION"].to_s[/\ABearer[ \t]+(\S+)[ \t]*\z/i, 1]
+        ok = given && self.class.secure_compare_digests(Digest::SHA256.digest(given), @token_digest)
+        return ok ? nil : text(403, "Forbidden\n")
+      end
+      return nil if loopback?(env["REMOTE_ADDR"]) && PROXY_HEADERS.none? { |h| env.key?(h) }
+
+      text(404, "Not Found\n")
+    end
+
+    def loopback?(address)
+      return false unless String === address && !address.empty?
+
+      ip = IPAddr.new(address)
+      ip = ip.native if ip.ipv6?
+      ip.loopback?
+    rescue IPAddr::Error
+      false
+    end
+
+    def parse_query(string)
+      params = begin
+        URI.decode_www_form(string).to_h
+      rescue ArgumentError => e
+        raise BadRequest, "the query string is not valid: #{e.message}"
+      end
+      {report: flag(params, "report"), top: top(params["top"]), by: by(params["by"])}
+    end
+
+    def flag(params, name)
+      value = params[name]
+      return false if value.nil?
+      return true if TRUE_VALUES.include?(value)
+      return false if FALSE_VALUES.include?(value)
+
+      raise BadRequest, "#{name} must be 1 or 0, got #{Validate.show(value)}"
+    end
+
+    def top(value)
+      return CLI::DEFAULT_TOP if value.nil?
+
+      n = Integer(value, 10, exception: false)
+      return n if n&.between?(1, MAX_TOP)
+
+      raise BadRequest, "top must be an Integer between 1 and #{MAX_TOP}, got #{Validate.show(value)}"
+    end
+
+    def by(value)
+      return :size if value.nil?
+      return value.to_sym if %w[size count].include?(value)
+
+      raise BadRequest, "by must be size or count, got #{Validate.show(value)}"
+    end
+
+    def report(bytes, query)
+      profile = Profile.parse(bytes, path: "heap of pid #{Process.pid}")
+      out = StringIO.new
+      CLI.new(out: out, err: out).write_report(profile, top: query[:top], by: query[:by])
+      text(200, out.string)
+    end
+
+    def text(status, body, headers = {})
+      [status, {"content-type" => "text/plain; charset=utf-8", "content-length" => body.bytesize.to_s,
+        "cache-control" => "no-store"}.merge(headers), [body]]
+    end
+  end
+end
+
+require "datadog_heap/cli"

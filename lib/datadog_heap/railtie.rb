@@ -1,0 +1,163 @@
+# frozen_string_literal: true
+
+require "rails/railtie"
+require "datadog_heap"
+
+module DatadogHeap
+  # Rails integration, loaded by `require "datadog_heap"` (Bundler.require) when Rails is. Off
+  # until enabled, in config/application.rb, config/environments/*.rb or an initializer:
+  #
+  #   config.datadog_heap.enabled = true
+  #   config.datadog_heap.sample_every = 1024            # mean allocations between samples (nil: the Recorder's)
+  #   config.datadog_heap.sampler = :countdown           # or :windowed (nil: the Recorder's)
+  #   config.datadog_heap.output = Rails.root.join("tmp/heap")  # heap-<pid>-<n>.pb.gz files (nil: none)
+  #   config.datadog_heap.interval = 60                  # seconds between two profiles (nil: at exit only)
+  #   config.datadog_heap.upload = "agent"               # as DATADOG_HEAP_UPLOAD (nil: no upload)
+  #   config.datadog_heap.retainers = false              # retainer paths in every profile written
+  #   config.datadog_heap.start_after_fork = false       # true: only forked workers record
+  #   config.datadog_heap.endpoint = false               # true: DatadogHeap::Middleware at endpoint_path
+  #   config.datadog_heap.endpoint_path = "/debug/heap"
+  #   config.datadog_heap.endpoint_token = nil           # nil: loopback clients only
+  #
+  # Recording starts once the app is initialized, with the process-wide recorder (the one
+  # DatadogHeap.recorder and the endpoint read). With output or upload it runs auto mode's
+  # writer (see lib/datadog_heap/auto.rb) with these settings instead of the environment's (DD_*
+  # tags still come from the environment). A puma or unicorn worker forked from a preloaded app
+  # keeps recording with its own writer and files; with `start_after_fork`, the process that
+  # boots the app does not record and every process forked from it starts on its own. An
+  # invalid setting raises ArgumentError or TypeError at boot naming it and its value.
+  class Railtie < ::Rails::Railtie
+    DEFAULTS = {
+      enabled: false, sample_every: nil, sampler: nil, output: nil, interval: nil, upload: nil,
+      retainers: false, start_after_fork: false,
+      endpoint: false, endpoint_path: "/debug/heap", endpoint_token: nil,
+    }.freeze
+    # The longest interval taken, in seconds (a year).
+    MAX_INTERVAL = 365 * 24 * 3600
+
+    config.datadog_heap = ActiveSupport::OrderedOptions.new.merge!(DEFAULTS)
+
+    # After config/initializers, so settings made there count; before the middleware stack is built.
+    initializer "datadog_heap.endpoint", after: :load_config_initializers do |app|
+      settings = Railtie.settings(app.config.datadog_heap)
+      if settings[:endpoint]
+        require "datadog_heap/middleware"
+        app.config.middleware.insert_before(0, DatadogHeap::Middleware,
+          path: settings[:endpoint_path], token: settings[:endpoint_token])
+      end
+    end
+
+    config.after_initialize do |app|
+      Railtie.start(Railtie.settings(app.config.datadog_heap))
+    end
+
+    class << self
+      # The settings of `options` (config.datadog_heap), checked; raises naming a bad one.
+      def settings(options)
+        name = ->(key) { "config.datadog_heap.#{key}" }
+        unknown = options.keys.map(&:to_sym) - DEFAULTS.keys
+        unless unknown.empty?
+          raise ArgumentError, "unknown setting#{"s" if unknown.size > 1} #{unknown.map { |k| name[k] }.join(", ")}; " \
+            "known: #{DEFAULTS.keys.join(", ")}"
+        end
+        s = DEFAULTS.merge(options.to_h.transform_keys(&:to_sym))
+        %i[enabled retainers start_after_fork endpoint].each { |key| Validate.boolean!(name[key], s[key]) }
+        Validate.integer!(name[:sample_every], s[:sample_every], 1, Recorder::U32_MAX) unless s[:sample_every].nil?
+        Validate.one_of!(name[:sampler], s[:sampler], Recorder::SAMPLERS) unless s[:sampler].nil?
+        s[:output] = Validate.path!(name[:output], s[:output]) unless s[:output].nil?
+        Validate.positive_number!(name[:interval], s[:interval], MAX_INTERVAL) unless s[:interval].nil?
+        s[:upload] = upload_target(name[:upload], s[:upload]) unless s[:upload].nil?
+        if s[:endpoint]
+          require "datadog_heap/middleware"
+          s[:endpoint_path] = with_name(name[:endpoint_path]) { Middleware.check_path(s[:endpoint_path]) }
+          s[:endpoint_token] = with_name(name[:endpoint_token]) { Middleware.check_token(s[:endpoint_token]) }
+        end
+        s
+      end
+
+      # Starts recording as `settings` say (now, or in each forked child with start_after_fork).
+      # Warns instead of raising: a failure here never stops the app.
+      def start(settings)
+        return unless settings[:enabled]
+
+        if settings[:start_after_fork]
+          @after_fork = settings
+          # Auto mode's fork hook first, so ours runs after it in the child: a worker's own
+          # children are then auto mode's to handle (after_fork forgets the settings there).
+          require "datadog_heap/auto_mode" if settings[:output] || settings[:upload]
+          Process.singleton_class.prepend(ForkHook)
+        else
+          start_now(settings)
+        end
+      end
+
+      # Called in a forked child: starts recording there when start_after_fork asked for it.
+      def after_fork
+        settings = @after_fork
+        @after_fork = nil # this child's own children inherit its recorder (and writer) instead
+        start_now(settings) if settings
+      end
+
+      # Whether this process records because of the Railtie (for tests and the curious).
+      def started?
+        @started == Process.pid
+      end
+
+      private
+
+      def start_now(settings)
+        if defined?(DatadogHeap::Auto) && DatadogHeap::Auto.active?
+          warn "datadog_heap: auto mode (datadog_heap/auto) already profiles this process; config.datadog_heap is not used"
+          return
+        end
+        if settings[:output] || settings[:upload]
+          require "datadog_heap/auto_mode"
+          @started = Process.pid if DatadogHeap::Auto.setup(auto_env(settings))
+        else
+          DatadogHeap.start(**settings.slice(:sample_every, :sampler).compact)
+          @started = Process.pid
+        end
+      rescue StandardError, ScriptError, NoMemoryError, SystemStackError => e
+        warn "datadog_heap: not recording in pid #{Process.pid}: #{e.class}: #{e.message}"
+      end
+
+      # Auto mode's environment for `settings`: these variables replace the process's own.
+      def auto_env(settings)
+        ENV.to_h.merge(
+          Auto::ENV_OUTPUT => settings[:output] ? File.join(settings[:output], "") : "",
+          Auto::ENV_INTERVAL => settings[:interval]&.to_s || "",
+          Auto::ENV_SAMPLE_EVERY => settings[:sample_every]&.to_s || "",
+          Auto::ENV_SAMPLER => settings[:sampler]&.to_s || "",
+          Auto::ENV_RETAINERS => settings[:retainers] ? "1" : "",
+          Upload::ENV_UPLOAD => settings[:upload] || "",
+        )
+      end
+
+      def upload_target(name, value)
+        raise TypeError, "#{name} must be a String, got #{Validate.describe(value)}" unless String === value
+
+        require "datadog_heap/upload"
+        return value if Upload.target(value.strip, ENV)
+
+        raise ArgumentError, "#{name} must be agent, an agent URL (http://, https://, unix://), pyroscope or " \
+          "pyroscope:URL, got #{Validate.show(value)}"
+      end
+
+      # Runs the block, naming `name` in the message of the TypeError or ArgumentError it raises.
+      def with_name(name)
+        yield
+      rescue TypeError, ArgumentError => e
+        raise e.class, "#{name}: #{e.message}"
+      end
+    end
+
+    # Starts recording in forked children (puma and unicorn workers) with start_after_fork.
+    module ForkHook
+      def _fork
+        pid = super
+        DatadogHeap::Railtie.after_fork if pid == 0
+        pid
+      end
+    end
+  end
+end
