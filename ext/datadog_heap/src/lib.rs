@@ -24,6 +24,7 @@ mod ruby_vm;
 mod runtime;
 mod sampler;
 mod shims;
+mod stage_costs;
 mod testing;
 mod weak_map;
 

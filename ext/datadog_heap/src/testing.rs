@@ -71,5 +71,15 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
         "_native_frame_classes_named",
         function!(crate::shims::method_entry_layout_verified, 0),
     )?;
+    // Stage costs (thread CPU time per stage of our own work): on/off (zeroes them), and
+    // [[stage, ns, count], ..., ["overhead_ns", a probe's own cost, 1]].
+    testing.define_singleton_method(
+        "_native_set_stage_costs",
+        function!(crate::stage_costs::set_enabled, 1),
+    )?;
+    testing.define_singleton_method(
+        "_native_stage_costs",
+        function!(crate::stage_costs::snapshot, 0),
+    )?;
     Ok(())
 }

@@ -7,6 +7,7 @@ use rb_sys::VALUE;
 
 use super::frame_names;
 use crate::shims;
+use crate::stage_costs::{self, Stage};
 
 pub struct CapturedStack<'a> {
     pub frames: &'a [VALUE],
@@ -43,6 +44,7 @@ impl FrameSource for CapturedStack<'_> {
         &self,
         f: &mut dyn FnMut(&[RawFrame<'_>]) -> datadog_heap_core::Result<Stack>,
     ) -> datadog_heap_core::Result<Stack> {
+        let naming = stage_costs::start(Stage::Naming);
         let (frames, lines) = (self.frames, self.lines);
         let depth = frames.len().min(lines.len());
         let (keep, marker) = truncation(depth, self.max_frames, depth >= self.capacity);
@@ -78,6 +80,7 @@ impl FrameSource for CapturedStack<'_> {
                 line: 0,
             });
         }
+        naming.end();
         f(&raw)
     }
 }

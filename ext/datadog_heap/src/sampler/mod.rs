@@ -26,6 +26,7 @@ use datadog_heap_core::{HeapError, HeapRecorder, RecordOutcome, MAX_FRAMES_LIMIT
 use rb_sys::VALUE;
 
 use crate::shims;
+use crate::stage_costs::{self, Stage};
 use capture::CapturedStack;
 pub use frame_names::frame_name;
 
@@ -331,6 +332,7 @@ pub fn sample(
         return Ok(core.has_pending());
     }
     let started = Instant::now();
+    let probe = stage_costs::start(Stage::Sample);
     let mut frames = state
         .frames
         .try_borrow_mut()
@@ -340,7 +342,9 @@ pub fn sample(
         .try_borrow_mut()
         .map_err(|_| HeapError::Host("line buffer in use (reentrant hook)".into()))?;
     let capacity = frames.len().min(lines.len());
+    let capture = stage_costs::start(Stage::Capture);
     let depth = shims::profile_frames(&mut frames[..capacity], &mut lines[..capacity]);
+    capture.end();
     let gc_count = shims::gc_count();
     let captured = CapturedStack {
         frames: &frames[..depth],
@@ -350,6 +354,7 @@ pub fn sample(
         gc_count,
     };
     let class_name = capture::class_name_of(object);
+    let record = stage_costs::start(Stage::Record);
     let recorded = core.record_allocation_from(
         object as usize,
         weight,
@@ -357,6 +362,7 @@ pub fn sample(
         &captured,
         gc_count,
     );
+    record.end();
     let recorded = match recorded {
         Ok(recorded) => recorded,
         Err(e) => {
@@ -369,6 +375,7 @@ pub fn sample(
     } else {
         stats.skipped_by_recorder += 1;
     }
+    probe.end();
     let spent = started.elapsed().as_nanos() as u64;
     stats.sampling_ns_total = stats.sampling_ns_total.wrapping_add(spent);
     stats.sampling_ns_max = stats.sampling_ns_max.max(spent);
