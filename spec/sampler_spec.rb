@@ -4,7 +4,8 @@ RSpec.describe "built-in allocation sampler" do
   Kept = Struct.new(:n)
 
   def sampled_recorder(**opts)
-    DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1, **opts)
+    # No overhead budget: every allocation is sampled, as these examples count on.
+    DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1, max_overhead: nil, **opts)
   end
 
   after { @rec&.stop }
@@ -178,7 +179,7 @@ RSpec.describe "built-in allocation sampler" do
   end
 
   it "estimates retained counts within 15% with sample_every: 64 (seeded)", :heavy do
-    @rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 64)
+    @rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 64, max_overhead: nil)
     DatadogHeap::Testing._native_set_seed(@rec, 12_345)
     a = []
     b = []
@@ -286,7 +287,7 @@ RSpec.describe "Ractors" do
     script = <<~RUBY
       Warning[:experimental] = false
       require "datadog_heap"
-      rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1)
+      rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1, max_overhead: nil)
       rec.start
       keep = Array.new(10) { Object.new }
       n = Ractor.new { Array.new(20_000) { Object.new }.size }.take

@@ -14,6 +14,8 @@
 # - DATADOG_HEAP_SAMPLER: countdown or windowed (see Recorder). Default: the Recorder's.
 # - DATADOG_HEAP_SAMPLE_EVERY: the recorder's sample_every (an Integer >= 1). Default: the
 #   Recorder's.
+# - DATADOG_HEAP_MAX_OVERHEAD: the recorder's max_overhead, a share of the process's CPU time
+#   (0 < share <= 1), or "none" for no budget. Default: the Recorder's (0.01).
 # - DATADOG_HEAP_UPLOAD: also (or, when DATADOG_HEAP_OUTPUT is unset, only) send each profile to
 #   a Datadog agent or a Pyroscope server, from the writer thread (see lib/datadog_heap/upload.rb);
 #   DATADOG_HEAP_INTERVAL then defaults to 60.
@@ -39,6 +41,7 @@ module DatadogHeap
     ENV_INTERVAL = "DATADOG_HEAP_INTERVAL"
     ENV_SAMPLE_EVERY = "DATADOG_HEAP_SAMPLE_EVERY"
     ENV_SAMPLER = "DATADOG_HEAP_SAMPLER"
+    ENV_MAX_OVERHEAD = "DATADOG_HEAP_MAX_OVERHEAD"
     # "1": every profile carries retainer paths (Recorder#profile(retainers: true)).
     ENV_RETAINERS = "DATADOG_HEAP_RETAINERS"
     # How long the exit handler waits for a write in progress in the writer thread.
@@ -85,7 +88,8 @@ module DatadogHeap
       # What the environment asked for: {output:, interval:, sample_every:}. Warns about each
       # invalid value and uses its default instead.
       def config(env = ENV)
-        {output: output(env), interval: interval(env), sample_every: sample_every(env), sampler: sampler(env)}
+        {output: output(env), interval: interval(env), sample_every: sample_every(env), sampler: sampler(env),
+         max_overhead: max_overhead(env)}
       end
 
       # Starts recording and the writer, and registers the exit handler. Called once, when this
@@ -100,7 +104,8 @@ module DatadogHeap
           @interval ||= UPLOAD_INTERVAL
         end
         @retainers = env[ENV_RETAINERS] == "1"
-        opts = config.slice(:sample_every, :sampler).compact
+        opts = config.slice(:sample_every, :sampler, :max_overhead).compact
+        opts[:max_overhead] = nil if opts[:max_overhead] == :none
         # The writer thread first, so its own allocations are not sampled.
         start_writer
         at_exit { finish }
@@ -190,6 +195,20 @@ module DatadogHeap
 
         warn "datadog_heap/auto: ignoring #{ENV_SAMPLER}=#{value.inspect}: expected " \
           "#{Recorder::SAMPLERS.join(" or ")}; using the default #{Recorder::DEFAULTS[:sampler]}"
+        nil
+      end
+
+      # A share in (0, 1], :none (no budget), or nil (the Recorder's default).
+      def max_overhead(env)
+        value = env[ENV_MAX_OVERHEAD]
+        return nil if value.nil? || value.strip.empty?
+        return :none if value.strip == "none"
+
+        share = Float(value.strip, exception: false)
+        return share if share && share > 0 && share <= 1
+
+        warn "datadog_heap/auto: ignoring #{ENV_MAX_OVERHEAD}=#{value.inspect}: expected a share of the CPU time " \
+          "above 0 and at most 1, or none; using the default #{Recorder::DEFAULTS[:max_overhead]}"
         nil
       end
 

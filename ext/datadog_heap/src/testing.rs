@@ -5,6 +5,7 @@ use magnus::{function, prelude::*, Error, RModule, Ruby};
 use crate::errors::to_ruby;
 use crate::recorder::Recorder;
 use crate::runtime::{self, guarded};
+use crate::sampler::CostClock;
 
 /// Turns the sampler's stack cache on or off.
 fn set_stack_cache(ruby: &Ruby, rec: &Recorder, enabled: bool) -> Result<(), Error> {
@@ -13,6 +14,17 @@ fn set_stack_cache(ruby: &Ruby, rec: &Recorder, enabled: bool) -> Result<(), Err
             .set_stack_cache_enabled(enabled)
             .map_err(|e| to_ruby(ruby, e))
     })
+}
+
+fn set_cost_model(rec: &Recorder, ns_per_allocation: Option<f64>, ns_per_sample: u64) {
+    let clock = match ns_per_allocation {
+        Some(ns_per_allocation) => CostClock::Model {
+            ns_per_allocation,
+            ns_per_sample,
+        },
+        None => CostClock::Real,
+    };
+    (rec.session().sampler.budget).set_clock(clock, runtime::program_allocations());
 }
 
 pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
@@ -71,6 +83,10 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
         "_native_frame_classes_named",
         function!(crate::shims::method_entry_layout_verified, 0),
     )?;
+    // The overhead budget's cost model: with ns_per_allocation (Float) the process's CPU time is
+    // that much per program allocation and each sample costs ns_per_sample, instead of the
+    // clocks; nil: the real clocks again. Starts a new budget period.
+    testing.define_singleton_method("_native_set_cost_model", function!(set_cost_model, 3))?;
     // Stage costs (thread CPU time per stage of our own work): on/off (zeroes them), and
     // [[stage, ns, count], ..., ["overhead_ns", a probe's own cost, 1]].
     testing.define_singleton_method(

@@ -26,7 +26,7 @@ use rb_sys::VALUE;
 
 use crate::gvl_cell::GvlCell;
 use crate::sampler::Mode;
-pub use busy::{guarded, not_busy, own_allocations};
+pub use busy::{guarded, not_busy, own_allocations, program_allocations};
 pub use jobs::request_commit;
 pub use session::Session;
 pub use windows::tick as window_tick;

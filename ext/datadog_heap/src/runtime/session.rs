@@ -13,7 +13,7 @@ use rb_sys::VALUE;
 
 use crate::errors::heap_error;
 use crate::ruby_vm::RubyVm;
-use crate::sampler::{SampleConfig, SamplerState};
+use crate::sampler::{monotonic_ns, SampleConfig, SamplerState};
 use crate::shims;
 
 pub struct Session {
@@ -59,10 +59,12 @@ unsafe impl Sync for Session {}
 
 impl Session {
     pub fn new(options: RecorderOptions, config: SampleConfig) -> Self {
+        let sampler = SamplerState::default();
+        sampler.budget.set_max_overhead(config.max_overhead);
         Session {
             core: HeapRecorder::new(options),
             weak_map: Cell::new(0),
-            sampler: SamplerState::default(),
+            sampler,
             config,
             running: Cell::new(false),
             postponed_commits: Cell::new(true),
@@ -221,17 +223,25 @@ impl Session {
     }
 
     /// The commit from the postponed job: errors are kept, never raised.
+    /// Its time counts against the overhead budget, which may then rescale the interval.
     pub fn commit_from_job(&self, ruby: &Ruby) {
+        let started = monotonic_ns();
         if let Err(e) = self.with_vm(ruby, |vm| self.core.commit(vm)) {
             self.keep_job_error(e);
         }
+        let budget = &self.sampler.budget;
+        budget.charge(monotonic_ns().saturating_sub(started));
+        budget.maybe_adjust(super::busy::program_allocations);
     }
 
     /// The gated young update from the GC-end job: errors are kept, never raised.
+    /// Its time counts against the overhead budget.
     pub fn young_update_from_job(&self, ruby: &Ruby) {
+        let started = monotonic_ns();
         if let Err(e) = self.with_vm(ruby, |vm| self.core.update(vm, UpdateKind::Young)) {
             self.keep_job_error(e);
         }
+        (self.sampler.budget).charge(monotonic_ns().saturating_sub(started));
     }
 
     /// Brings the session into this process if it was last used before a fork: what only the
@@ -246,6 +256,7 @@ impl Session {
         }
         self.pid.set(pid);
         self.sampler.after_fork();
+        (self.sampler.budget).after_fork(super::busy::program_allocations());
         if let Ok(mut slot) = self.job_error.try_borrow_mut() {
             slot.take();
         }
