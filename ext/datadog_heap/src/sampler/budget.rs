@@ -25,6 +25,8 @@ const PERIOD_WALL_NS: u64 = 50_000_000;
 const PERIOD_CPU_NS: u64 = 20_000_000;
 /// The budget aims at this share of `max_overhead`, so noise around it does not overshoot.
 const TARGET_UTILISATION: f64 = 0.8;
+/// The scale comes down only when the target asks for this factor less, so it does not hunt.
+const HYSTERESIS: f64 = 1.25;
 /// Most the scale changes in one period, either way.
 const MAX_STEP: f64 = 8.0;
 /// Largest scale: intervals up to sample_every x 2^20.
@@ -176,7 +178,7 @@ impl Budget {
         let wanted = scale * overhead / (limit * TARGET_UTILISATION);
         let next = if overhead > limit {
             wanted.min(scale * MAX_STEP)
-        } else if overhead < limit * TARGET_UTILISATION * 0.5 && scale > 1.0 {
+        } else if wanted < scale / HYSTERESIS && scale > 1.0 {
             // Room: come back down, not below what was asked for.
             wanted.max(scale / MAX_STEP)
         } else {
