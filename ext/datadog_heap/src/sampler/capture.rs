@@ -127,18 +127,18 @@ impl CapturedStack<'_> {
             let handle = self.frames[i];
             let key = match shims::frame_path(handle) {
                 Some(_) => FrameKey {
-                    handle: handle as u64,
+                    handle,
                     locator: 0,
                     line: self.lines[i],
                 },
                 None => match self.locating_frame(i + 1) {
                     Some(j) => FrameKey {
-                        handle: handle as u64,
-                        locator: self.frames[j] as u64,
+                        handle,
+                        locator: self.frames[j],
                         line: self.lines[j],
                     },
                     None => FrameKey {
-                        handle: handle as u64,
+                        handle,
                         locator: 1,
                         line: 0,
                     },
