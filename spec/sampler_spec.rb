@@ -242,7 +242,7 @@ RSpec.describe "built-in allocation sampler" do
 
   it "DatadogHeap.start after the process-wide recorder disabled itself starts a fresh one, same options" do
     DatadogHeap.instance_variable_set(:@recorder, nil)
-    old = DatadogHeap.start(sampler: :countdown, sample_every: 1, max_frames: 7)
+    old = DatadogHeap.start(sampler: :countdown, sample_every: 1, max_overhead: nil, max_frames: 7)
     old.exhaust_record_ids!
     10.times { Kept.new(0) }
     10.times { Thread.pass }
@@ -272,7 +272,7 @@ RSpec.describe "built-in allocation sampler" do
   end
 
   it "DatadogHeap.start / stop / recorder manage one process-wide recorder" do
-    rec = DatadogHeap.start(sampler: :countdown, sample_every: 1)
+    rec = DatadogHeap.start(sampler: :countdown, sample_every: 1, max_overhead: nil)
     expect(DatadogHeap.recorder).to be(rec)
     expect(rec.running?).to be(true)
     expect { DatadogHeap.start(sampler: :countdown, sample_every: 7) }.to raise_error(ArgumentError, /differ/)
