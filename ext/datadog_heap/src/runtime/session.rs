@@ -13,7 +13,7 @@ use rb_sys::VALUE;
 
 use crate::errors::heap_error;
 use crate::ruby_vm::RubyVm;
-use crate::sampler::{thread_cpu_ns, SampleConfig, SamplerState};
+use crate::sampler::{SampleConfig, SamplerState};
 use crate::shims;
 
 pub struct Session {
@@ -225,23 +225,23 @@ impl Session {
     /// The commit from the postponed job: errors are kept, never raised.
     /// Its time counts against the overhead budget, which may then rescale the interval.
     pub fn commit_from_job(&self, ruby: &Ruby) {
-        let started = thread_cpu_ns();
+        let budget = &self.sampler.budget;
+        let started = budget.start();
         if let Err(e) = self.with_vm(ruby, |vm| self.core.commit(vm)) {
             self.keep_job_error(e);
         }
-        let budget = &self.sampler.budget;
-        budget.charge(thread_cpu_ns().saturating_sub(started));
+        budget.charge_since(started);
         budget.maybe_adjust(super::busy::program_allocations);
     }
 
     /// The gated young update from the GC-end job: errors are kept, never raised.
     /// Its time counts against the overhead budget.
     pub fn young_update_from_job(&self, ruby: &Ruby) {
-        let started = thread_cpu_ns();
+        let started = self.sampler.budget.start();
         if let Err(e) = self.with_vm(ruby, |vm| self.core.update(vm, UpdateKind::Young)) {
             self.keep_job_error(e);
         }
-        (self.sampler.budget).charge(thread_cpu_ns().saturating_sub(started));
+        self.sampler.budget.charge_since(started);
     }
 
     /// Brings the session into this process if it was last used before a fork: what only the

@@ -93,6 +93,29 @@ impl Budget {
         self.max_overhead.set(max_overhead);
     }
 
+    /// Whether there is a budget to time our work for (no clock is read otherwise).
+    #[inline]
+    pub fn active(&self) -> bool {
+        self.max_overhead.get() > 0.0
+    }
+
+    /// Our thread's CPU time now when timing for the budget, else 0 (no system call).
+    #[inline]
+    pub fn start(&self) -> u64 {
+        match self.active() {
+            true => thread_cpu_ns(),
+            false => 0,
+        }
+    }
+
+    /// Charges the thread CPU time since `started` (from `start`); nothing without a budget.
+    #[inline]
+    pub fn charge_since(&self, started: u64) {
+        if self.active() {
+            self.charge(thread_cpu_ns().saturating_sub(started));
+        }
+    }
+
     /// The factor on `sample_every` in force.
     pub fn scale(&self) -> f64 {
         self.scale.get()

@@ -28,7 +28,7 @@ use rb_sys::VALUE;
 
 use crate::shims;
 use crate::stage_costs::{self, Stage};
-pub use budget::{thread_cpu_ns, Budget, CostClock};
+pub use budget::{Budget, CostClock};
 use capture::CapturedStack;
 pub use frame_names::frame_name;
 
@@ -353,7 +353,7 @@ pub fn sample(
         return Ok(core.has_pending());
     }
     let started = Instant::now();
-    let cpu_started = budget::thread_cpu_ns();
+    let cpu_started = state.budget.start();
     let probe = stage_costs::start(Stage::Sample);
     let mut frames = state
         .frames
@@ -401,7 +401,7 @@ pub fn sample(
     let spent = started.elapsed().as_nanos() as u64;
     stats.sampling_ns_total = stats.sampling_ns_total.wrapping_add(spent);
     stats.sampling_ns_max = stats.sampling_ns_max.max(spent);
-    (state.budget).charge(budget::thread_cpu_ns().saturating_sub(cpu_started));
+    state.budget.charge_since(cpu_started);
     state.budget.charge_sample();
     Ok(recorded.needs_commit)
 }
