@@ -56,7 +56,7 @@ def run(variant, n, work)
   when :default then rec = DatadogHeap::Recorder.new
   when :countdown then rec = DatadogHeap::Recorder.new(sampler: :countdown)
   when :windowed then rec = DatadogHeap::Recorder.new(sampler: :windowed)
-  when :every_1 then rec = DatadogHeap::Recorder.new(sample_every: 1, max_tracked_objects: Bench::NO_CAP)
+  when :every_1 then rec = DatadogHeap::Recorder.new(sample_every: 1, max_tracked_objects: Bench::NO_CAP, max_overhead: nil)
   when :hooks_only then rec = DatadogHeap::Recorder.new(sample_every: NEVER)
   end
   rec&.start

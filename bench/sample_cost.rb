@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 # Cost of one sample (issue 7, item 3): frame capture, interning, stack dedup and the pending-queue
-# push, at stack depths 4 (shallow), 10, 50 and 200, and the cost of committing a recording.
+# push, at stack depths 4 (shallow), 10, 50, 100 and 200, and the cost of committing a recording.
 #
 # Per depth, an allocation loop runs at that exact stack depth with sample_every: 1 (every
 # allocation sampled) and, alternating with it, with an empty NEWOBJ hook (the VM floor every
@@ -18,7 +18,7 @@
 require_relative "support"
 
 ROUNDS = Bench.pick(5, 2)
-DEPTHS = [4, 10, 50, 200].freeze # 4: the shallow case (< 5 frames)
+DEPTHS = [4, 10, 50, 100, 200].freeze # 4: the shallow case (< 5 frames)
 # Allocations per run at each depth (deep stacks cost more per sample, so fewer of them).
 ALLOCS = DEPTHS.to_h { |d| [d, Bench.pick(d >= 200 ? 40_000 : 150_000, 3_000)] }
 COMMIT_BATCHES = Bench.pick(400, 20)
@@ -51,7 +51,7 @@ def measure(k, variant, n)
   if variant == :floor
     DatadogHeap::Testing._native_empty_hook(true)
   else
-    rec = DatadogHeap::Recorder.new(sample_every: 1, max_tracked_objects: Bench::NO_CAP)
+    rec = DatadogHeap::Recorder.new(sample_every: 1, max_tracked_objects: Bench::NO_CAP, max_overhead: nil)
     rec.start
   end
   if k.zero?
@@ -119,7 +119,7 @@ Bench.table(["depth", "frames recorded", "floor per alloc", "sampled per alloc",
   "in the hook", "commit + WeakMap + GC", "samples not recorded", "stack cache hits"], rows)
 
 # Commit cost per recording: batches of 256 recordings committed by an explicit `commit`.
-rec = DatadogHeap::Recorder.new(sample_every: 1)
+rec = DatadogHeap::Recorder.new(sample_every: 1, max_overhead: nil)
 DatadogHeap::Testing._native_set_postponed_commits(rec, false)
 locations = Bench.synthetic_stack(10, 0)
 commit_ns = []

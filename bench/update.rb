@@ -18,7 +18,7 @@
 # Run: rake bench:update (or ruby -Ilib bench/update.rb; BENCH_SMOKE=1 for a quick run)
 require_relative "support"
 
-SIZES = Bench.pick([10_000, 100_000, 1_000_000], [2_000, 20_000])
+SIZES = Bench.pick([1_000, 10_000, 100_000, 1_000_000], [2_000, 20_000])
 OLD_ROUNDS = Bench.pick(5, 2)
 STACKS = 1000
 

@@ -16,7 +16,7 @@ RSpec.describe "require \"datadog_heap/auto\"" do
   # lines other than the Ruby-version warning, exit code]. Every DATADOG_HEAP_* variable not in
   # `env` is unset.
   def auto_run(env, *args, chdir: dir)
-    base = {"DATADOG_HEAP_OUTPUT" => nil, "DATADOG_HEAP_INTERVAL" => nil, "DATADOG_HEAP_SAMPLE_EVERY" => nil,
+    base = {"DATADOG_HEAP_OUTPUT" => nil, "DATADOG_HEAP_INTERVAL" => nil, "DATADOG_HEAP_SAMPLE_EVERY" => nil, "DATADOG_HEAP_MAX_OVERHEAD" => nil,
             "DATADOG_HEAP_SAMPLER" => nil}
     args = [script] if args.empty?
     out, err, status = Open3.capture3(base.merge(env), RbConfig.ruby, "-I", lib, "-rdatadog_heap/auto", *args, chdir: chdir)
@@ -33,7 +33,7 @@ RSpec.describe "require \"datadog_heap/auto\"" do
 
   it "writes periodic profiles from a background thread and a final one at exit, quietly" do
     out, err, code = auto_run({"DATADOG_HEAP_OUTPUT" => dir, "DATADOG_HEAP_INTERVAL" => "0.2",
-      "DATADOG_HEAP_SAMPLE_EVERY" => "64", "LEAK_SECONDS" => "1.0"})
+      "DATADOG_HEAP_SAMPLE_EVERY" => "64", "LEAK_SECONDS" => "1.0", "DATADOG_HEAP_MAX_OVERHEAD" => "none"})
     expect([err, code]).to eq(["", 0])
     pid = out[/^pid (\d+)/, 1]
     files = profiles
@@ -50,7 +50,7 @@ RSpec.describe "require \"datadog_heap/auto\"" do
 
   it "writes only at exit, to a file, when DATADOG_HEAP_OUTPUT names one and no interval is set" do
     path = File.join(dir, "out", "heap.pb.gz")
-    out, err, code = auto_run({"DATADOG_HEAP_OUTPUT" => path})
+    out, err, code = auto_run({"DATADOG_HEAP_OUTPUT" => path, "DATADOG_HEAP_MAX_OVERHEAD" => "none"})
     expect([err, code]).to eq(["", 0])
     expect(out).to match(/^pid \d+ kept/)
     expect(Dir.children(File.dirname(path))).to eq(["heap.pb.gz"])
@@ -116,15 +116,17 @@ RSpec.describe "require \"datadog_heap/auto\"" do
 
   it "warns once about each invalid variable, naming it and its value, and falls back to the default" do
     _, err, code = auto_run({"DATADOG_HEAP_OUTPUT" => dir, "DATADOG_HEAP_INTERVAL" => "soon",
-      "DATADOG_HEAP_SAMPLE_EVERY" => "0", "DATADOG_HEAP_SAMPLER" => "often"})
+      "DATADOG_HEAP_SAMPLE_EVERY" => "0", "DATADOG_HEAP_SAMPLER" => "often", "DATADOG_HEAP_MAX_OVERHEAD" => "lots"})
     expect(code).to eq(0)
     expect(err.lines).to contain_exactly(
       "datadog_heap/auto: ignoring DATADOG_HEAP_INTERVAL=\"soon\": expected a number of seconds > 0; writing a profile at exit only\n",
       "datadog_heap/auto: ignoring DATADOG_HEAP_SAMPLE_EVERY=\"0\": expected an Integer between 1 and 4294967295; using the sampler's default\n",
-      "datadog_heap/auto: ignoring DATADOG_HEAP_SAMPLER=\"often\": expected countdown or windowed; using the default countdown\n"
+      "datadog_heap/auto: ignoring DATADOG_HEAP_SAMPLER=\"often\": expected countdown or windowed; using the default countdown\n",
+      "datadog_heap/auto: ignoring DATADOG_HEAP_MAX_OVERHEAD=\"lots\": expected a share of the CPU time above 0 and at most 1, or none; using the default 0.01\n"
     )
     expect(profiles.size).to eq(1) # no interval: the final profile only
-    expect(DatadogHeap::Profile.load(File.join(dir, profiles.first)).period).to eq(1024)
+    # The default sample_every, or above it where the default overhead budget raised it.
+    expect(DatadogHeap::Profile.load(File.join(dir, profiles.first)).period).to be >= 1024
 
     {"DATADOG_HEAP_INTERVAL" => ["-1", "0", "NaN", "Infinity"], "DATADOG_HEAP_SAMPLE_EVERY" => ["1.5", "lots", "99999999999"]}
       .each do |name, values|

@@ -23,7 +23,7 @@ RSpec.describe "frame names" do
   # Samples every allocation the block makes (it returns what to keep alive) and returns the
   # frame names, innermost first, of each distinct stack with a frame at the tagged line.
   def names_at(tag, file = FRAME_NAMES_APP)
-    @rec = DatadogHeap::Recorder.new(sample_every: 1)
+    @rec = DatadogHeap::Recorder.new(sample_every: 1, max_overhead: nil)
     @rec.start
     kept = yield
     @rec.stop
@@ -104,7 +104,7 @@ RSpec.describe "frame names" do
   end
 
   it "gives one stack to every allocation at one site, found in the stack cache" do
-    @rec = DatadogHeap::Recorder.new(sample_every: 1)
+    @rec = DatadogHeap::Recorder.new(sample_every: 1, max_overhead: nil)
     @rec.start
     kept = Array.new(50) { FrameNames::AccLeak.new }
     @rec.stop
@@ -123,7 +123,7 @@ RSpec.describe "frame names" do
 
     it "shows Class#method names in -top" do
       skip "go is not installed (Debian: golang-go, which bin/setup installs)" unless go
-      @rec = DatadogHeap::Recorder.new(sample_every: 1)
+      @rec = DatadogHeap::Recorder.new(sample_every: 1, max_overhead: nil)
       @rec.start
       kept = Array.new(200) { FrameNames::AccLeak.new }
       @rec.stop

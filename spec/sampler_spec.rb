@@ -4,7 +4,8 @@ RSpec.describe "built-in allocation sampler" do
   Kept = Struct.new(:n)
 
   def sampled_recorder(**opts)
-    DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1, **opts)
+    # No overhead budget: every allocation is sampled, as these examples count on.
+    DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1, max_overhead: nil, **opts)
   end
 
   after { @rec&.stop }
@@ -178,7 +179,7 @@ RSpec.describe "built-in allocation sampler" do
   end
 
   it "estimates retained counts within 15% with sample_every: 64 (seeded)", :heavy do
-    @rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 64)
+    @rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 64, max_overhead: nil)
     DatadogHeap::Testing._native_set_seed(@rec, 12_345)
     a = []
     b = []
@@ -241,7 +242,7 @@ RSpec.describe "built-in allocation sampler" do
 
   it "DatadogHeap.start after the process-wide recorder disabled itself starts a fresh one, same options" do
     DatadogHeap.instance_variable_set(:@recorder, nil)
-    old = DatadogHeap.start(sampler: :countdown, sample_every: 1, max_frames: 7)
+    old = DatadogHeap.start(sampler: :countdown, sample_every: 1, max_overhead: nil, max_frames: 7)
     old.exhaust_record_ids!
     10.times { Kept.new(0) }
     10.times { Thread.pass }
@@ -271,7 +272,7 @@ RSpec.describe "built-in allocation sampler" do
   end
 
   it "DatadogHeap.start / stop / recorder manage one process-wide recorder" do
-    rec = DatadogHeap.start(sampler: :countdown, sample_every: 1)
+    rec = DatadogHeap.start(sampler: :countdown, sample_every: 1, max_overhead: nil)
     expect(DatadogHeap.recorder).to be(rec)
     expect(rec.running?).to be(true)
     expect { DatadogHeap.start(sampler: :countdown, sample_every: 7) }.to raise_error(ArgumentError, /differ/)
@@ -286,7 +287,7 @@ RSpec.describe "Ractors" do
     script = <<~RUBY
       Warning[:experimental] = false
       require "datadog_heap"
-      rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1)
+      rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1, max_overhead: nil)
       rec.start
       keep = Array.new(10) { Object.new }
       n = Ractor.new { Array.new(20_000) { Object.new }.size }.take

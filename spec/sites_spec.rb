@@ -8,7 +8,7 @@ require "set"
 RSpec.describe "allocation sites of real stacks", :heavy do
   # Everything `block` allocates that is still alive after a GC, as a Profile.
   def profile_of
-    rec = DatadogHeap::Recorder.new(sample_every: 1)
+    rec = DatadogHeap::Recorder.new(sample_every: 1, max_overhead: nil)
     keep = nil
     rec.start
     begin

@@ -57,7 +57,7 @@ RSpec.describe "sampler stack cache" do
   end
 
   def run_workload(cache:, max_frames:)
-    @rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1, max_frames: max_frames)
+    @rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1, max_overhead: nil, max_frames: max_frames)
     DatadogHeap::Testing._native_set_stack_cache(@rec, cache)
     keep = []
     @rec.start
@@ -120,7 +120,7 @@ RSpec.describe "sampler stack cache" do
   end
 
   it "names the right method when a GC freed the last one and its slots were reused" do
-    @rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1)
+    @rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1, max_overhead: nil)
     DatadogHeap::Testing._native_set_postponed_commits(@rec, false)
     keep = []
     names = Array.new(scaled(150)) { |i| :"cache_m#{i}" }
@@ -147,7 +147,7 @@ RSpec.describe "sampler stack cache" do
 
     # Commits wait until after the compactions, so this recorder's WeakMap is empty while
     # objects move.
-    @rec = manual_recorder(sampler: :countdown, sample_every: 1)
+    @rec = manual_recorder(sampler: :countdown, sample_every: 1, max_overhead: nil)
     keep = []
     names = %i[cache_c0 cache_c1 cache_c2]
     names.each { |n| cache_define(n) }
@@ -216,7 +216,7 @@ RSpec.describe "sampler stack cache" do
 
   it "holds string references exactly as the uncached path does" do
     refs = [false, true].map do |cache|
-      @rec = manual_recorder(sampler: :countdown, sample_every: 1)
+      @rec = manual_recorder(sampler: :countdown, sample_every: 1, max_overhead: nil)
       DatadogHeap::Testing._native_set_stack_cache(@rec, cache)
       keep = []
       @rec.start
@@ -236,7 +236,7 @@ RSpec.describe "sampler stack cache" do
   end
 
   it "starts empty after stop and start" do
-    @rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1)
+    @rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1, max_overhead: nil)
     keep = []
     2.times do
       @rec.start

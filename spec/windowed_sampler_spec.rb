@@ -78,7 +78,8 @@ RSpec.describe "windowed sampler" do
   # allocations since the previous one, so the timer's resolution is the estimate's (README,
   # "Samplers"). `pause_every` allocations, a 0.2 ms pause.
   def windowed(**opts)
-    DatadogHeap::Recorder.new(sampler: :windowed, **{sample_every: 64, windows_per_second: 1000}.merge(opts))
+    # No overhead budget: these examples check the estimator at a fixed interval.
+    DatadogHeap::Recorder.new(sampler: :windowed, **{sample_every: 64, windows_per_second: 1000, max_overhead: nil}.merge(opts))
   end
 
   def allocating(n, pause_every)

@@ -7,6 +7,7 @@
 
 pub mod error;
 pub mod exporter;
+pub mod frame_cache;
 pub mod lock;
 pub mod pprof;
 pub mod recorder;
@@ -21,6 +22,7 @@ pub mod vm;
 pub(crate) mod fake_vm;
 
 pub use error::{HeapError, Result, FIXNUM_MAX, MAX_FRAMES_LIMIT};
+pub use frame_cache::FrameKey;
 pub use pprof::{
     diff_sites, diff_sites_with, encode_profile, merge_profiles, read_profile, top_sites,
     top_sites_with, AppRoot, EncodeOptions, EncodedPprof, GroupBy, ProfileData, SampleData,

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use rustc_hash::FxHasher;
 
 use crate::error::{HeapError, Result, MAX_FRAMES_LIMIT};
+use crate::frame_cache::{FrameCache, FrameKey};
+use crate::stack_cache::FrameSource;
 use crate::strings::{Batch, StringId};
 
 /// One frame of an allocation stack, as ids into the recorder's string storage.
@@ -119,6 +121,84 @@ impl HeapRecords {
             return Ok(stack.clone());
         }
 
+        let stack: Stack = Arc::from(self.scratch.as_slice());
+        self.records.insert(stack.clone(), Cell::new(1));
+        Ok(stack)
+    }
+
+    /// [`HeapRecords::acquire`] for a source with per-frame keys: frames the frame cache knows
+    /// are taken from it, the others named by `source` and added to it; then an equal stack that
+    /// is a heap record already is shared (interning nothing), else a new record takes its own
+    /// references on the ids. `keys` are the kept frames' keys (from `source.frame_keys`).
+    pub fn acquire_cached<S: FrameSource + ?Sized>(
+        &mut self,
+        strings: &mut Batch<'_>,
+        cache: &mut FrameCache,
+        keys: &[FrameKey],
+        source: &S,
+    ) -> Result<Stack> {
+        if keys.len() + 1 > MAX_FRAMES_LIMIT {
+            return Err(HeapError::TooManyFrames {
+                frames: keys.len(),
+                limit: MAX_FRAMES_LIMIT,
+            });
+        }
+        self.scratch.clear();
+        self.scratch.reserve(keys.len() + 1);
+        for (i, key) in keys.iter().enumerate() {
+            let frame = match cache.get(key) {
+                Some(frame) => frame,
+                None => source.name_frame(i, &mut |name, filename| {
+                    cache.insert(strings, *key, name, filename)
+                })?,
+            };
+            self.scratch.push(frame);
+        }
+        // The marker's ids are this call's own reference (given back if the stack exists).
+        let marker = match source.truncation_marker() {
+            Some(marker) => {
+                let name = strings.intern(&marker)?;
+                self.scratch.push(Frame {
+                    name,
+                    filename: 0,
+                    line: 0,
+                });
+                Some(name)
+            }
+            None => None,
+        };
+        if let Some((stack, count)) = self.records.get_key_value(self.scratch.as_slice()) {
+            if let Some(name) = marker {
+                strings.unintern(name)?;
+            }
+            let next = count
+                .get()
+                .checked_add(1)
+                .ok_or(HeapError::TooManyObjectsForStack { count: count.get() })?;
+            count.set(next);
+            return Ok(stack.clone());
+        }
+        // A new record: its own reference on each id the cache lent (the marker has one).
+        let lent = self.scratch.len() - usize::from(marker.is_some());
+        for (i, frame) in self.scratch[..lent].iter().enumerate() {
+            let added =
+                strings
+                    .add_ref(frame.name)
+                    .and_then(|()| match strings.add_ref(frame.filename) {
+                        Ok(()) => Ok(()),
+                        Err(e) => {
+                            let _ = strings.unintern(frame.name);
+                            Err(e)
+                        }
+                    });
+            if let Err(e) = added {
+                release_ids(strings, &self.scratch[..i]);
+                if let Some(name) = marker {
+                    let _ = strings.unintern(name);
+                }
+                return Err(e);
+            }
+        }
         let stack: Stack = Arc::from(self.scratch.as_slice());
         self.records.insert(stack.clone(), Cell::new(1));
         Ok(stack)

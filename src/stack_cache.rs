@@ -21,7 +21,8 @@ use std::hash::Hasher;
 use rustc_hash::FxHasher;
 
 use crate::error::Result;
-use crate::stack::{RawFrame, Stack};
+use crate::frame_cache::FrameKey;
+use crate::stack::{Frame, RawFrame, Stack};
 
 /// Slots in a recorder's stack cache (a power of two).
 pub const STACK_CACHE_SLOTS: usize = 512;
@@ -67,6 +68,27 @@ pub trait FrameSource {
     /// Names the frames and calls `f` with them, returning what `f` returns. The frames may
     /// borrow from memory that only lives as long as this call.
     fn with_frames(&self, f: &mut dyn FnMut(&[RawFrame<'_>]) -> Result<Stack>) -> Result<Stack>;
+
+    /// Per-frame identities for the frame cache (`crate::frame_cache`): fills `out` with one key
+    /// per kept frame, innermost first, and returns their epoch; `None` (the default) when the
+    /// source has none, and then `with_frames` names the stack.
+    fn frame_keys(&self, _out: &mut Vec<FrameKey>) -> Option<u64> {
+        None
+    }
+
+    /// Names kept frame `i` (in `frame_keys`' order) and calls `f` with its name and file.
+    fn name_frame(
+        &self,
+        _i: usize,
+        f: &mut dyn FnMut(&str, &str) -> Result<Frame>,
+    ) -> Result<Frame> {
+        f("", "")
+    }
+
+    /// The name of the frame that stands for the frames cut off past `max_frames`, if any.
+    fn truncation_marker(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Frames already named (`record_allocation` from Ruby, the tests): nothing to cache.

@@ -73,6 +73,23 @@ impl Batch<'_> {
         self.guard.intern(s).map_err(HeapError::strings)
     }
 
+    /// Takes one more reference on `id`, which the caller holds a reference on already (so it
+    /// still names its string). The empty string (id 0) is not counted and is skipped.
+    pub fn add_ref(&mut self, id: StringId) -> Result<()> {
+        if id == 0 {
+            return Ok(());
+        }
+        let s = self.guard.get_string(id).map_err(HeapError::strings)?;
+        let again = self.intern(&s)?;
+        if again != id {
+            let _ = self.unintern(again);
+            return Err(HeapError::Strings(format!(
+                "string id {id} interned again as {again}"
+            )));
+        }
+        Ok(())
+    }
+
     /// Gives back one reference; the empty string (id 0) is not counted and is skipped.
     pub fn unintern(&mut self, id: StringId) -> Result<()> {
         match NonZeroU32::new(id) {

@@ -14,6 +14,8 @@
 # - DATADOG_HEAP_SAMPLER: countdown or windowed (see Recorder). Default: the Recorder's.
 # - DATADOG_HEAP_SAMPLE_EVERY: the recorder's sample_every (an Integer >= 1). Default: the
 #   Recorder's.
+# - DATADOG_HEAP_MAX_OVERHEAD: the recorder's max_overhead, a share of the process's CPU time
+#   (0 < share <= 1), or "none" for no budget. Default: the Recorder's (0.01).
 # - DATADOG_HEAP_UPLOAD: also (or, when DATADOG_HEAP_OUTPUT is unset, only) send each profile to
 #   a Datadog agent or a Pyroscope server, from the writer thread (see lib/datadog_heap/upload.rb);
 #   DATADOG_HEAP_INTERVAL then defaults to 60.

@@ -13,6 +13,7 @@ module DatadogHeap
     ENV_OUTPUT = "DATADOG_HEAP_OUTPUT"
     ENV_INTERVAL = "DATADOG_HEAP_INTERVAL"
     ENV_SAMPLE_EVERY = "DATADOG_HEAP_SAMPLE_EVERY"
+    ENV_MAX_OVERHEAD = "DATADOG_HEAP_MAX_OVERHEAD"
     ENV_SAMPLER = "DATADOG_HEAP_SAMPLER"
     # "1": every profile carries retainer paths (Recorder#profile(retainers: true)).
     ENV_RETAINERS = "DATADOG_HEAP_RETAINERS"
@@ -65,7 +66,8 @@ module DatadogHeap
       # What the environment asked for: {output:, interval:, sample_every:}. Warns about each
       # invalid value and uses its default instead.
       def config(env = ENV)
-        {output: output(env), interval: interval(env), sample_every: sample_every(env), sampler: sampler(env)}
+        {output: output(env), interval: interval(env), sample_every: sample_every(env), sampler: sampler(env),
+         max_overhead: max_overhead(env)}
       end
 
       # Starts recording and the writer, and registers the exit handler. Called once, when this
@@ -80,7 +82,8 @@ module DatadogHeap
           @interval ||= UPLOAD_INTERVAL
         end
         @retainers = env[ENV_RETAINERS] == "1"
-        opts = config.slice(:sample_every, :sampler).compact
+        opts = config.slice(:sample_every, :sampler, :max_overhead).compact
+        opts[:max_overhead] = nil if opts[:max_overhead] == :none
         # The writer thread first, so its own allocations are not sampled.
         start_writer
         at_exit { finish }
@@ -157,6 +160,20 @@ module DatadogHeap
 
         warn "datadog_heap/auto: ignoring #{ENV_INTERVAL}=#{value.inspect}: expected a number of seconds > 0; " \
           "writing a profile at exit only"
+        nil
+      end
+
+      # A share in (0, 1], :none (no budget), or nil (the Recorder's default).
+      def max_overhead(env)
+        value = env[ENV_MAX_OVERHEAD]
+        return nil if value.nil? || value.strip.empty?
+        return :none if value.strip == "none"
+
+        share = Float(value.strip, exception: false)
+        return share if share && share > 0 && share <= 1
+
+        warn "datadog_heap/auto: ignoring #{ENV_MAX_OVERHEAD}=#{value.inspect}: expected a share of the CPU time " \
+          "above 0 and at most 1, or none; using the default #{Recorder::DEFAULTS[:max_overhead]}"
         nil
       end
 

@@ -20,13 +20,20 @@ module DatadogHeap
   #   a sample stands for sample_every allocations on average. See README, "Samplers".
   # - windows_per_second: the windowed sampler's mean rate of windows (0 < rate <= 100_000);
   #   only with sampler: :windowed. More windows, shorter ones: the same samples, spread finer.
+  # - max_overhead: the overhead budget, the largest share of the process's CPU time the
+  #   sampler's own work (sampled hook calls, commits, young updates) may take (0 < share <= 1;
+  #   default 0.01, 1%; nil: no budget). Over it, the sampler raises its mean interval above
+  #   sample_every; it lowers it back when there is room. Each sample weighs the interval in
+  #   force when it was taken, so estimates stay unbiased; stats[:sampler_effective_sample_every]
+  #   and the profile's period say the interval in force. See README, "Overhead budget".
   class Recorder
     SAMPLERS = %i[countdown windowed].freeze
     # sample_every's default depends on the sampler (bench/mixed.rb and bench/allocation.rb: the
     # windowed sampler pays per sample what the countdown one pays on every allocation).
     SAMPLE_EVERY = {countdown: 1024, windowed: 4096}.freeze
     DEFAULTS = {sample_every: nil, sample_rate: 1, size_enabled: true, max_frames: 400,
-                max_tracked_objects: 262_144, sampler: :countdown, windows_per_second: 100}.freeze
+                max_tracked_objects: 262_144, sampler: :countdown, windows_per_second: 100,
+                max_overhead: 0.01}.freeze
     MAX_WINDOWS_PER_SECOND = 100_000
     MAX_FRAMES_LIMIT = 3000
     RECORD_ALLOCATION_KEYWORDS = {weight: true, class_name: true, locations: true}.freeze
@@ -42,7 +49,8 @@ module DatadogHeap
       if rate.nil? && given.key?(:windows_per_second)
         raise ArgumentError, "windows_per_second applies to sampler: :windowed only, got sampler: :countdown"
       end
-      _native_new(self, *options.values_at(:sample_every, :sample_rate, :size_enabled, :max_frames, :max_tracked_objects), rate)
+      _native_new(self, *options.values_at(:sample_every, :sample_rate, :size_enabled, :max_frames, :max_tracked_objects), rate,
+        options[:max_overhead]&.to_f)
     end
 
     # `options` (option => value) with the missing ones taken from DEFAULTS. Raises ArgumentError
@@ -60,6 +68,7 @@ module DatadogHeap
       Validate.integer!(:max_frames, options[:max_frames], 1, MAX_FRAMES_LIMIT)
       Validate.integer!(:max_tracked_objects, options[:max_tracked_objects], 1, 2**40)
       Validate.positive_number!(:windows_per_second, options[:windows_per_second], MAX_WINDOWS_PER_SECOND)
+      Validate.positive_number!(:max_overhead, options[:max_overhead], 1) unless NilClass === options[:max_overhead]
       options
     end
 
@@ -116,7 +125,8 @@ module DatadogHeap
     def inspect
       how = windows_per_second ? "sampler=windowed windows_per_second=#{windows_per_second}" : "sample_every=#{sample_every}"
       "#<#{self.class} #{how} sample_rate=#{sample_rate} " \
-        "size_enabled=#{size_enabled} max_frames=#{max_frames} max_tracked_objects=#{max_tracked_objects}>"
+        "size_enabled=#{size_enabled} max_frames=#{max_frames} max_tracked_objects=#{max_tracked_objects} " \
+        "max_overhead=#{max_overhead.inspect}>"
     end
   end
 

@@ -105,7 +105,7 @@ RSpec.describe "fork", :stress do
 
   it "survives a storm of 20 children, each sampling and writing a profile that decodes" do
     result = in_child(90) do |progress|
-      @rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 8)
+      @rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 8, max_overhead: nil)
       keep = Array.new(2_000) { |i| "parent#{i}" }
       @rec.start
       Dir.mktmpdir do |dir|
@@ -134,7 +134,7 @@ RSpec.describe "fork", :stress do
 
   it "a daemon-like double fork keeps a working recorder in the grandchild" do
     result = in_child(60) do
-      @rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 4)
+      @rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 4, max_overhead: nil)
       @rec.start
       Dir.mktmpdir do |dir|
         path = File.join(dir, "daemon.pb.gz")

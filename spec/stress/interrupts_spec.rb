@@ -21,7 +21,7 @@ RSpec.describe "asynchronous exceptions", :stress do
     GC.start
     live = rec.each_live_object.count
     gz = rec.profile
-    sampler = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1)
+    sampler = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1, max_overhead: nil)
     sampler.start
     fresh = Array.new(100) { Object.new }
     sampler.stop

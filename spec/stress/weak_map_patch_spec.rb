@@ -35,7 +35,7 @@ RSpec.describe "monkeypatched ObjectSpace::WeakMap", :stress do
       written = Dir.mktmpdir { |dir| decodes?(File.binread(@rec.write_profile(File.join(dir, "p.pb.gz")))) }
       debug = @rec.debug[0][1].size
       # The built-in sampler and its postponed commit and young-update jobs.
-      sampler = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1)
+      sampler = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 1, max_overhead: nil)
       sampler.start
       sampled = Array.new(500) { Object.new }
       10.times { Thread.pass }

@@ -17,6 +17,7 @@ use std::hash::BuildHasherDefault;
 use rustc_hash::FxHasher;
 
 use crate::error::{HeapError, Result, FIXNUM_MAX};
+use crate::frame_cache::FrameCache;
 use crate::lock::{LockGuard, SoftLock};
 use crate::stack::{Frame, HeapRecords, RawFrame, Stack};
 use crate::stack_cache::{FrameSource, StackCache};
@@ -128,6 +129,9 @@ pub(crate) struct State {
     heap_records: HeapRecords,
     /// Raw stack key -> a stack in `heap_records`; holds no reference (see stack_cache.rs).
     stack_cache: StackCache,
+    /// Raw frame key -> interned frame, for stacks the stack cache misses; holds references on
+    /// its ids (see frame_cache.rs).
+    frame_cache: FrameCache,
     object_records: FxMap<i64, ObjectRecord>,
     next_record_id: i64,
     /// Recordings seen since the last one kept, against `sample_rate`.
@@ -197,6 +201,7 @@ fn acquire_stack<S: FrameSource + ?Sized>(
     let State {
         heap_records,
         stack_cache,
+        frame_cache,
         lifetime,
         ..
     } = state;
@@ -210,7 +215,20 @@ fn acquire_stack<S: FrameSource + ?Sized>(
         }
         lifetime.stack_cache_misses += 1;
     }
-    let stack = source.with_frames(&mut |frames| heap_records.acquire(strings, frames))?;
+    let mut keys = std::mem::take(&mut frame_cache.keys);
+    let epoch = match stack_cache.is_active() {
+        true => source.frame_keys(&mut keys),
+        false => None,
+    };
+    let stack = match epoch {
+        Some(epoch) => frame_cache
+            .enter(strings, epoch)
+            .and_then(|()| heap_records.acquire_cached(strings, frame_cache, &keys, source)),
+        None => source.with_frames(&mut |frames| heap_records.acquire(strings, frames)),
+    };
+    keys.clear();
+    frame_cache.keys = keys;
+    let stack = stack?;
     if let Some(key) = &key {
         stack_cache.insert(key, &stack);
     }
@@ -226,6 +244,7 @@ impl HeapRecorder {
                 options,
                 heap_records: HeapRecords::default(),
                 stack_cache: StackCache::default(),
+                frame_cache: FrameCache::default(),
                 object_records: FxMap::default(),
                 next_record_id: 0,
                 since_last_kept: 0,
@@ -446,17 +465,25 @@ impl HeapRecorder {
         Ok(())
     }
 
-    /// Forgets every cached stack (keeping the table). The cache holds no reference in the
-    /// recorder, so nothing is given back; skipped, harmlessly, if the state is in use.
+    /// Forgets every cached stack (keeping the table) and every cached frame. The stack cache
+    /// holds no reference in the recorder; the frame cache gives its references back. Skipped,
+    /// harmlessly, if the state or the storage is in use.
     pub fn clear_stack_cache(&self) {
         if let Ok(mut state) = self.state.try_borrow_mut() {
             state.stack_cache.clear();
+            if let Some(mut strings) = self.strings.try_lock() {
+                let _ = state.frame_cache.clear(&mut strings);
+            }
         }
     }
 
-    /// Test switch: with the cache off every recording names and interns its frames.
+    /// Test switch: with the caches off every recording names and interns its frames.
     pub fn set_stack_cache_enabled(&self, enabled: bool) -> Result<()> {
-        self.state()?.stack_cache.set_enabled(enabled);
+        let mut state = self.state()?;
+        state.stack_cache.set_enabled(enabled);
+        if !enabled {
+            state.frame_cache.clear(&mut self.strings.lock()?)?;
+        }
         Ok(())
     }
 
@@ -544,6 +571,7 @@ impl HeapRecorder {
         state.iterating = false;
         state.lifetime = Lifetime::default();
         state.stack_cache.clear();
+        state.frame_cache.clear(&mut self.strings.lock()?)?;
         Ok(())
     }
 
@@ -631,10 +659,13 @@ impl HeapRecorder {
             + pending.capacity() * std::mem::size_of::<PendingRecording>()
             + state.heap_records.memsize()
             + state.stack_cache.memsize()
+            + state.frame_cache.memsize()
             + state.string_refs as usize * 8
     }
 }
 
+#[cfg(test)]
+mod frame_cache_tests;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]

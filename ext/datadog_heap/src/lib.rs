@@ -34,6 +34,8 @@ mod runtime;
 mod sampler;
 mod shims;
 #[deny(unsafe_code)]
+mod stage_costs;
+#[deny(unsafe_code)]
 mod testing;
 #[deny(unsafe_code)]
 mod weak_map;

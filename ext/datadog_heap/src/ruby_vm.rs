@@ -7,6 +7,7 @@ use std::time::Instant;
 use datadog_heap_core::{HeapError, LiveInfo, ObjectRef, Vm, WalkVisitor};
 use magnus::{rb_sys::FromRawValue, Error, Ruby, Value};
 
+use crate::stage_costs::{self, Stage};
 use crate::{shims, weak_map};
 
 /// One use of the VM by a core operation. A Ruby exception raised by a WeakMap call is kept
@@ -48,7 +49,10 @@ impl Vm for RubyVm<'_> {
         // SAFETY: `object` came from a pending recording, which the recorder's mark function
         // keeps marked (and so alive and unmoved) until this commit takes it off the queue.
         let object = unsafe { Value::from_raw(object as rb_sys::VALUE) };
-        weak_map::set(self.ruby, self.weak_map, record_id, object).map_err(|e| self.keep(e))
+        let probe = stage_costs::start(Stage::WeakMapSet);
+        let set = weak_map::set(self.ruby, self.weak_map, record_id, object);
+        probe.end();
+        set.map_err(|e| self.keep(e))
     }
 
     fn lookup(

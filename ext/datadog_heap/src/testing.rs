@@ -5,6 +5,7 @@ use magnus::{function, prelude::*, Error, RModule, Ruby, Value};
 use crate::errors::to_ruby;
 use crate::recorder::Recorder;
 use crate::runtime::{self, guarded};
+use crate::sampler::CostClock;
 
 /// Turns the sampler's stack cache on or off.
 fn set_stack_cache(ruby: &Ruby, rec: &Recorder, enabled: bool) -> Result<(), Error> {
@@ -26,6 +27,17 @@ fn hold_lock(ruby: &Ruby, rec: &Recorder) -> Result<Value, Error> {
     let result = block.call::<_, Value>(());
     lock.unlock();
     result
+}
+
+fn set_cost_model(rec: &Recorder, ns_per_allocation: Option<f64>, ns_per_sample: u64) {
+    let clock = match ns_per_allocation {
+        Some(ns_per_allocation) => CostClock::Model {
+            ns_per_allocation,
+            ns_per_sample,
+        },
+        None => CostClock::Real,
+    };
+    (rec.session().sampler.budget).set_clock(clock, runtime::program_allocations());
 }
 
 pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
@@ -92,6 +104,20 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
             |seconds: f64| datadog_heap_core::lock::set_wait_limit_ns((seconds * 1e9) as i64),
             1
         ),
+    )?;
+    // The overhead budget's cost model: with ns_per_allocation (Float) the process's CPU time is
+    // that much per program allocation and each sample costs ns_per_sample, instead of the
+    // clocks; nil: the real clocks again. Starts a new budget period.
+    testing.define_singleton_method("_native_set_cost_model", function!(set_cost_model, 3))?;
+    // Stage costs (thread CPU time per stage of our own work): on/off (zeroes them), and
+    // [[stage, ns, count], ..., ["overhead_ns", a probe's own cost, 1]].
+    testing.define_singleton_method(
+        "_native_set_stage_costs",
+        function!(crate::stage_costs::set_enabled, 1),
+    )?;
+    testing.define_singleton_method(
+        "_native_stage_costs",
+        function!(crate::stage_costs::snapshot, 0),
     )?;
     Ok(())
 }

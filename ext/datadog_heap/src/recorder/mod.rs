@@ -87,8 +87,8 @@ fn warn_notices(ruby: &Ruby, session: &Session) -> Result<(), Error> {
 
 impl Recorder {
     /// `_native_new(class, sample_every, sample_rate, size_enabled, max_frames,
-    /// max_tracked_objects, windows_per_second)`, the last nil for the countdown sampler; Ruby
-    /// has validated, this checks again.
+    /// max_tracked_objects, windows_per_second, max_overhead)`, windows_per_second nil for the
+    /// countdown sampler, max_overhead nil for no budget; Ruby has validated, this checks again.
     #[allow(clippy::too_many_arguments)] // positional, as Ruby passes them (see the file docs)
     fn native_new(
         ruby: &Ruby,
@@ -99,6 +99,7 @@ impl Recorder {
         max_frames: usize,
         max_tracked_objects: usize,
         windows_per_second: Option<f64>,
+        max_overhead: Option<f64>,
     ) -> Result<Obj<Recorder>, Error> {
         guarded(ruby, || {
             let recorder_class: RClass =
@@ -145,6 +146,16 @@ impl Recorder {
                     ))
                 }
             };
+            let max_overhead = match max_overhead {
+                None => 0.0,
+                Some(share) if share.is_finite() && share > 0.0 && share <= 1.0 => share,
+                Some(share) => {
+                    return Err(arg_error(
+                        ruby,
+                        format!("max_overhead must be above 0 and at most 1, got {share}"),
+                    ))
+                }
+            };
             let session = Session::new(
                 RecorderOptions {
                     sample_rate,
@@ -155,6 +166,7 @@ impl Recorder {
                     sample_every,
                     max_frames,
                     mode,
+                    max_overhead,
                 },
             );
             let obj = ruby.obj_wrap_as(
@@ -319,6 +331,12 @@ impl Recorder {
         self.session.config.sample_every
     }
 
+    /// `max_overhead`: the budget's share of the process's CPU time, nil for no budget.
+    fn max_overhead(&self) -> Option<f64> {
+        let share = self.session.config.max_overhead;
+        (share > 0.0).then_some(share)
+    }
+
     /// `windows_per_second`: the windowed sampler's rate, nil for the countdown sampler.
     fn windows_per_second(&self) -> Option<f64> {
         self.session.config.mode.windows_per_second()
@@ -365,6 +383,24 @@ fn stats_hash(ruby: &Ruby, session: &Session) -> Result<RHash, Error> {
     ] {
         hash.aset(ruby.to_symbol(key), value)?;
     }
+    // The overhead budget: the mean interval in force, our own time and the process CPU time it
+    // was measured against, the last period's share, and how often the interval moved.
+    let sampler = &session.sampler;
+    let budget = &sampler.budget;
+    let effective = sampler.effective(session.config).sample_every;
+    for (key, value) in [
+        ("sampler_effective_sample_every", effective),
+        ("sampler_overhead_ns_total", budget.spent_total_ns.get()),
+        ("sampler_overhead_cpu_ns", budget.measured_cpu_ns.get()),
+        ("sampler_budget_raises", budget.raises.get()),
+        ("sampler_budget_lowers", budget.lowers.get()),
+    ] {
+        hash.aset(ruby.to_symbol(key), value)?;
+    }
+    hash.aset(
+        ruby.to_symbol("sampler_last_overhead"),
+        budget.last_overhead.get(),
+    )?;
     hash.aset(ruby.to_symbol("running"), session.is_running())?;
     hash.aset(ruby.to_symbol("disabled_reason"), session.disabled_reason())?;
     Ok(hash)
@@ -373,7 +409,7 @@ fn stats_hash(ruby: &Ruby, session: &Session) -> Result<RHash, Error> {
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     let class = module.define_class("Recorder", ruby.class_object())?;
     class.undef_default_alloc_func();
-    class.define_singleton_method("_native_new", function!(Recorder::native_new, 7))?;
+    class.define_singleton_method("_native_new", function!(Recorder::native_new, 8))?;
     class.define_method(
         "_native_record_allocation",
         method!(args::record_allocation, 4),
@@ -429,6 +465,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
         method!(Recorder::max_tracked_objects, 0),
     )?;
     class.define_method("sample_every", method!(Recorder::sample_every, 0))?;
+    class.define_method("max_overhead", method!(Recorder::max_overhead, 0))?;
     class.define_method(
         "windows_per_second",
         method!(Recorder::windows_per_second, 0),

@@ -45,8 +45,10 @@ pub(crate) fn encode(
         // The snapshot owns all it reads: the recorder may update again while it is encoded.
         let finished = session.core.finish_iteration();
         let options = EncodeOptions {
-            // A sample stands for `sample_every` allocations on average, with either sampler.
-            sample_every: i64::try_from(session.config.sample_every).unwrap_or(i64::MAX),
+            // A sample stands for `sample_every` allocations on average, with either sampler;
+            // the overhead budget may have raised the mean in force, which is what this says.
+            sample_every: i64::try_from(session.sampler.effective(session.config).sample_every)
+                .unwrap_or(i64::MAX),
             start,
             end,
         };

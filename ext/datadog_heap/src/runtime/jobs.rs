@@ -14,6 +14,7 @@ use magnus::Ruby;
 
 use super::{busy::BusyGuard, prune, sessions, Session};
 use crate::shims;
+use crate::stage_costs::{self, Stage};
 
 #[cfg(ruby_gte_3_3)]
 mod handles {
@@ -103,10 +104,12 @@ extern "C" fn commit_job(_data: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         let Ok(ruby) = Ruby::get() else { return };
         let _busy = BusyGuard::enter();
+        let probe = stage_costs::start(Stage::Commit);
         for_each(&ruby, Session::needs_job, |ruby, session| {
             session.commit_from_job(ruby);
         });
         prune();
+        probe.end();
     }));
 }
 
@@ -115,8 +118,10 @@ extern "C" fn young_update_job(_data: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         let Ok(ruby) = Ruby::get() else { return };
         let _busy = BusyGuard::enter();
+        let probe = stage_costs::start(Stage::YoungUpdate);
         for_each(&ruby, Session::is_running, |ruby, session| {
             session.young_update_from_job(ruby);
         });
+        probe.end();
     }));
 }

@@ -25,7 +25,7 @@ use magnus::{prelude::*, typed_data::Obj, DataTypeFunctions, Error, RModule, Rub
 
 use crate::sampler::Mode;
 use crate::shims::GvlCell;
-pub use busy::{guarded, not_busy, own_allocations};
+pub use busy::{guarded, not_busy, own_allocations, program_allocations};
 pub use jobs::request_commit;
 pub use session::Session;
 pub use windows::{

@@ -61,10 +61,12 @@ unsafe impl Sync for Session {}
 
 impl Session {
     pub fn new(options: RecorderOptions, config: SampleConfig) -> Self {
+        let sampler = SamplerState::default();
+        sampler.budget.set_max_overhead(config.max_overhead);
         Session {
             core: HeapRecorder::new(options),
             weak_map: Cell::new(0),
-            sampler: SamplerState::default(),
+            sampler,
             config,
             running: Cell::new(false),
             postponed_commits: Cell::new(true),
@@ -229,17 +231,25 @@ impl Session {
     }
 
     /// The commit from the postponed job: errors are kept, never raised.
+    /// Its time counts against the overhead budget, which may then rescale the interval.
     pub fn commit_from_job(&self, ruby: &Ruby) {
+        let budget = &self.sampler.budget;
+        let started = budget.start();
         if let Err(e) = self.with_vm(ruby, |vm| self.core.commit(vm)) {
             self.keep_job_error(e);
         }
+        budget.charge_since(started);
+        budget.maybe_adjust(super::busy::program_allocations);
     }
 
     /// The gated young update from the GC-end job: errors are kept, never raised.
+    /// Its time counts against the overhead budget.
     pub fn young_update_from_job(&self, ruby: &Ruby) {
+        let started = self.sampler.budget.start();
         if let Err(e) = self.with_vm(ruby, |vm| self.core.update(vm, UpdateKind::Young)) {
             self.keep_job_error(e);
         }
+        self.sampler.budget.charge_since(started);
     }
 
     /// Brings the session into this process if it was last used before a fork: what only the
@@ -254,6 +264,7 @@ impl Session {
         }
         self.pid.set(pid);
         self.sampler.after_fork();
+        (self.sampler.budget).after_fork(super::busy::program_allocations());
         if let Ok(mut slot) = self.job_error.try_borrow_mut() {
             slot.take();
         }

@@ -2,11 +2,12 @@
 //! when the session's stack cache does not know them already (`frame_names` says how), and the
 //! allocated object's class name. Runs inside the NEWOBJ hook: no Ruby allocation, no raise, no Ruby call.
 
-use datadog_heap_core::{truncation, FrameSource, RawFrame, RawStackKey, Stack};
+use datadog_heap_core::{truncation, Frame, FrameKey, FrameSource, RawFrame, RawStackKey, Stack};
 use rb_sys::VALUE;
 
 use super::frame_names;
 use crate::shims;
+use crate::stage_costs::{self, Stage};
 
 pub struct CapturedStack<'a> {
     pub frames: &'a [VALUE],
@@ -36,6 +37,22 @@ impl FrameSource for CapturedStack<'_> {
         })
     }
 
+    fn frame_keys(&self, out: &mut Vec<FrameKey>) -> Option<u64> {
+        Some(self.fill_frame_keys(out))
+    }
+
+    fn name_frame(
+        &self,
+        i: usize,
+        f: &mut dyn FnMut(&str, &str) -> datadog_heap_core::Result<Frame>,
+    ) -> datadog_heap_core::Result<Frame> {
+        self.name_one(i, f)
+    }
+
+    fn truncation_marker(&self) -> Option<String> {
+        self.marker()
+    }
+
     /// Names the kept frames (and the truncation marker) without allocating a Ruby object, as
     /// `frame_names` says. Allocates the names, the frame list and, for a truncated stack, the
     /// marker (Rust allocator).
@@ -43,6 +60,7 @@ impl FrameSource for CapturedStack<'_> {
         &self,
         f: &mut dyn FnMut(&[RawFrame<'_>]) -> datadog_heap_core::Result<Stack>,
     ) -> datadog_heap_core::Result<Stack> {
+        let naming = stage_costs::start(Stage::Naming);
         let (frames, lines) = (self.frames, self.lines);
         let depth = frames.len().min(lines.len());
         let (keep, marker) = truncation(depth, self.max_frames, depth >= self.capacity);
@@ -78,7 +96,85 @@ impl FrameSource for CapturedStack<'_> {
                 line: 0,
             });
         }
+        naming.end();
         f(&raw)
+    }
+}
+
+impl CapturedStack<'_> {
+    /// The frames kept (innermost first) and the truncation marker, as `with_frames` cuts them.
+    fn kept(&self) -> (usize, Option<String>) {
+        let depth = self.frames.len().min(self.lines.len());
+        truncation(depth, self.max_frames, depth >= self.capacity)
+    }
+
+    /// The Ruby frame at or after `from` whose file a C frame takes: its index, if any.
+    fn locating_frame(&self, from: usize) -> Option<usize> {
+        let depth = self.frames.len().min(self.lines.len());
+        (from..depth).find(|&j| shims::frame_path(self.frames[j]).is_some())
+    }
+}
+
+/// Per-frame keys for the recorder's frame cache (issue 22). A frame's name depends on its
+/// handle alone; its file and line on its handle and line for a Ruby frame, and on the Ruby frame
+/// below it for a C frame (which takes that frame's location): the key holds the locating frame's
+/// handle and line then. The epoch is the stack cache's (see `key`).
+impl CapturedStack<'_> {
+    pub(crate) fn fill_frame_keys(&self, out: &mut Vec<FrameKey>) -> u64 {
+        let (keep, _) = self.kept();
+        out.clear();
+        for i in 0..keep {
+            let handle = self.frames[i];
+            let key = match shims::frame_path(handle) {
+                Some(_) => FrameKey {
+                    handle,
+                    locator: 0,
+                    line: self.lines[i],
+                },
+                None => match self.locating_frame(i + 1) {
+                    Some(j) => FrameKey {
+                        handle,
+                        locator: self.frames[j],
+                        line: self.lines[j],
+                    },
+                    None => FrameKey {
+                        handle,
+                        locator: 1,
+                        line: 0,
+                    },
+                },
+            };
+            out.push(key);
+        }
+        shims::frame_epoch(self.gc_count)
+    }
+
+    /// Names kept frame `i` as `with_frames` would. Allocates its name (Rust allocator).
+    pub(crate) fn name_one(
+        &self,
+        i: usize,
+        f: &mut dyn FnMut(&str, &str) -> datadog_heap_core::Result<Frame>,
+    ) -> datadog_heap_core::Result<Frame> {
+        let naming = stage_costs::start(Stage::Naming);
+        let frame = self.frames[i];
+        let path = shims::frame_path(frame);
+        let mut name = String::with_capacity(32);
+        frame_names::FrameNamer::default().write(&mut name, frame, path.is_none());
+        let filename = match path {
+            Some(path) => string_of(path),
+            None => match self.locating_frame(i + 1) {
+                Some(j) => shims::frame_path(self.frames[j])
+                    .map(string_of)
+                    .unwrap_or(""),
+                None => "",
+            },
+        };
+        naming.end();
+        f(&name, filename)
+    }
+
+    pub(crate) fn marker(&self) -> Option<String> {
+        self.kept().1
     }
 }
 

@@ -16,6 +16,7 @@
 //!   allocation rates may change between windows without biasing the estimate. Between windows no
 //!   hook is installed and allocations run at full speed.
 
+mod budget;
 mod capture;
 mod frame_names;
 
@@ -26,6 +27,8 @@ use datadog_heap_core::{HeapError, HeapRecorder, RecordOutcome, MAX_FRAMES_LIMIT
 use rb_sys::VALUE;
 
 use crate::shims;
+use crate::stage_costs::{self, Stage};
+pub use budget::{Budget, CostClock};
 use capture::CapturedStack;
 pub use frame_names::frame_name;
 
@@ -76,6 +79,8 @@ pub struct SamplerState {
     /// where the previous window ended.
     last_close: Cell<u64>,
     pub stats: RefCell<SamplerStats>,
+    /// The overhead budget: scales the mean interval (see `budget`).
+    pub budget: Budget,
 }
 
 #[derive(Default, Clone, Copy)]
@@ -102,6 +107,8 @@ pub struct SampleConfig {
     pub sample_every: u64,
     pub max_frames: usize,
     pub mode: Mode,
+    /// Largest share of the process's CPU time the sampler's own work may take (0: no budget).
+    pub max_overhead: f64,
 }
 
 impl SampleConfig {
@@ -147,6 +154,7 @@ impl Default for SamplerState {
             window: Cell::new(Window::default()),
             last_close: Cell::new(0),
             stats: RefCell::new(SamplerStats::default()),
+            budget: Budget::new(0.0),
         }
     }
 }
@@ -158,9 +166,23 @@ impl SamplerState {
     pub fn prepare(&self, config: SampleConfig, now: u64) {
         self.frames.borrow_mut().resize(MAX_FRAMES_LIMIT, 0);
         self.lines.borrow_mut().resize(MAX_FRAMES_LIMIT, 0);
-        self.draw_interval(config.countdown_mean());
+        self.budget.restart(now);
+        self.draw_interval(self.effective(config).countdown_mean());
         self.window.set(Window::default());
         self.last_close.set(now);
+    }
+
+    /// `config` with the mean interval in force: `sample_every` times the budget's scale.
+    pub fn effective(&self, config: SampleConfig) -> SampleConfig {
+        let scaled = (config.sample_every as f64 * self.budget.scale()).round();
+        let sample_every = match scaled.is_finite() && scaled >= 1.0 {
+            true => (scaled.min((u64::MAX / 4) as f64) as u64).max(config.sample_every),
+            false => config.sample_every,
+        };
+        SampleConfig {
+            sample_every,
+            ..config
+        }
     }
 
     /// Whether this session needs the NEWOBJ hook now.
@@ -181,7 +203,7 @@ impl SamplerState {
             return;
         }
         let gap = now.saturating_sub(self.last_close.get());
-        let length = (gap as f64 * config.window_share()).round();
+        let length = (gap as f64 * self.effective(config).window_share()).round();
         let length = match length.is_finite() {
             true => (length as u64).clamp(1, u64::MAX / 4),
             false => u64::MAX / 4,
@@ -288,7 +310,7 @@ impl SamplerState {
             }
         };
         stats.allocations_seen = stats.allocations_seen.wrapping_add(weight);
-        self.draw_interval(config.countdown_mean());
+        self.draw_interval(self.effective(config).countdown_mean());
         weight
     }
 }
@@ -331,6 +353,8 @@ pub fn sample(
         return Ok(core.has_pending());
     }
     let started = Instant::now();
+    let cpu_started = state.budget.start();
+    let probe = stage_costs::start(Stage::Sample);
     let mut frames = state
         .frames
         .try_borrow_mut()
@@ -340,7 +364,9 @@ pub fn sample(
         .try_borrow_mut()
         .map_err(|_| HeapError::Host("line buffer in use (reentrant hook)".into()))?;
     let capacity = frames.len().min(lines.len());
+    let capture = stage_costs::start(Stage::Capture);
     let depth = shims::profile_frames(&mut frames[..capacity], &mut lines[..capacity]);
+    capture.end();
     let gc_count = shims::gc_count();
     let captured = CapturedStack {
         frames: &frames[..depth],
@@ -350,6 +376,7 @@ pub fn sample(
         gc_count,
     };
     let class_name = capture::class_name_of(object);
+    let record = stage_costs::start(Stage::Record);
     let recorded = core.record_allocation_from(
         object as usize,
         weight,
@@ -357,6 +384,7 @@ pub fn sample(
         &captured,
         gc_count,
     );
+    record.end();
     let recorded = match recorded {
         Ok(recorded) => recorded,
         Err(e) => {
@@ -369,8 +397,11 @@ pub fn sample(
     } else {
         stats.skipped_by_recorder += 1;
     }
+    probe.end();
     let spent = started.elapsed().as_nanos() as u64;
     stats.sampling_ns_total = stats.sampling_ns_total.wrapping_add(spent);
     stats.sampling_ns_max = stats.sampling_ns_max.max(spent);
+    state.budget.charge_since(cpu_started);
+    state.budget.charge_sample();
     Ok(recorded.needs_commit)
 }

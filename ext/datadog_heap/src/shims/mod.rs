@@ -1,11 +1,13 @@
 //! Raw C API calls, each behind a small safe function with its contract, by concern: the GVL
 //! (`gvl`), event hooks and postponed jobs (`hooks`), method calls (`call`), the GC (`gc`),
-//! objects and classes (`class`), frames (`frames`) and the VM's reference walk (`objspace`).
+//! objects and classes (`class`), frames (`frames`), the VM's reference walk (`objspace`), and
+//! the OS clocks (`clock`).
 //! This is the only module that calls rb-sys or writes `unsafe` code; every other module of the
 //! crate is compiled with `#![deny(unsafe_code)]` (see lib.rs).
 
 mod call;
 mod class;
+mod clock;
 mod frames;
 mod gc;
 mod gvl;
@@ -14,6 +16,7 @@ pub mod objspace;
 
 pub use call::*;
 pub use class::*;
+pub use clock::*;
 pub use frames::*;
 pub use gc::*;
 pub use gvl::*;

@@ -1,0 +1,248 @@
+//! The overhead budget (`max_overhead:`): the sampler measures the time of its own work (the
+//! sampled path of the hook, the commit job, young updates), compares it with the CPU time the
+//! process used over the same period, and scales its mean interval so that the first stays under
+//! `max_overhead` of the second: up when over budget, back down (to the configured
+//! `sample_every`, never below) when there is room.
+//!
+//! Weights stay unbiased: each sample weighs the interval its countdown was drawn with, drawn
+//! from the mean in force at the time (windowed: the window covering its share of the gap before
+//! it), so a change of the mean changes how many samples there are, not what they add up to.
+//!
+//! Our time is the thread CPU time (`CLOCK_THREAD_CPUTIME_ID`, a system call of about 0.3 µs
+//! here, two per timed stretch, against 20–30 µs for a sample in a service) of the work, not its
+//! wall time: a stretch descheduled on a loaded machine (up to milliseconds, seen in the service
+//! bench) would otherwise count as ours, and one such stretch in a period raised the interval
+//! eightfold for nothing. The process's CPU time (`CLOCK_PROCESS_CPUTIME_ID`) is read only when a
+//! period may end, at most once per `PERIOD_WALL_NS` of wall time, from the commit job (never
+//! from the hook).
+//!
+//! Everything here needs the GVL (the session's Cells); nothing allocates or raises.
+
+use std::cell::Cell;
+
+/// A period ends once this much wall time went by since it started (long enough for tens of
+/// samples in a busy process, so one period's share is not mostly noise)...
+const PERIOD_WALL_NS: u64 = 250_000_000;
+/// ...and the process used at least this much CPU time in it (too little to measure a ratio
+/// otherwise, and an idle process owes nothing).
+const PERIOD_CPU_NS: u64 = 20_000_000;
+/// The budget aims at this share of `max_overhead`, so noise around it does not overshoot.
+const TARGET_UTILISATION: f64 = 0.8;
+/// The scale comes down only when the target asks for this factor less, so it does not hunt.
+const HYSTERESIS: f64 = 1.25;
+/// Most the scale changes in one period, either way.
+const MAX_STEP: f64 = 8.0;
+/// Largest scale: intervals up to sample_every x 2^20.
+const MAX_SCALE: f64 = 1_048_576.0;
+
+/// Where the process's CPU time comes from: the kernel, or (tests) a model that charges a fixed
+/// cost per allocation of the program and per sample, so a spec can assert what the budget does
+/// without depending on the speed of the machine it runs on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CostClock {
+    Real,
+    Model {
+        ns_per_allocation: f64,
+        ns_per_sample: u64,
+    },
+}
+
+pub struct Budget {
+    /// Largest share of the process's CPU time our own work may take; 0: no budget.
+    max_overhead: Cell<f64>,
+    /// The mean interval is `sample_every * scale` (>= 1).
+    scale: Cell<f64>,
+    clock: Cell<CostClock>,
+    /// This period: our time so far, its start (wall, process CPU), and (model) the program's
+    /// allocation count at the last CPU reading.
+    spent_ns: Cell<u64>,
+    started_wall_ns: Cell<u64>,
+    started_cpu_ns: Cell<u64>,
+    model_cpu_ns: Cell<f64>,
+    model_allocations: Cell<u64>,
+    /// Lifetime: our time, the process CPU time the periods covered, and scale changes.
+    pub spent_total_ns: Cell<u64>,
+    pub measured_cpu_ns: Cell<u64>,
+    pub raises: Cell<u64>,
+    pub lowers: Cell<u64>,
+    /// The last period's overhead (our time over the process's CPU time).
+    pub last_overhead: Cell<f64>,
+}
+
+impl Budget {
+    pub fn new(max_overhead: f64) -> Self {
+        Budget {
+            max_overhead: Cell::new(max_overhead),
+            scale: Cell::new(1.0),
+            clock: Cell::new(CostClock::Real),
+            spent_ns: Cell::new(0),
+            started_wall_ns: Cell::new(0),
+            started_cpu_ns: Cell::new(0),
+            model_cpu_ns: Cell::new(0.0),
+            model_allocations: Cell::new(0),
+            spent_total_ns: Cell::new(0),
+            measured_cpu_ns: Cell::new(0),
+            raises: Cell::new(0),
+            lowers: Cell::new(0),
+            last_overhead: Cell::new(0.0),
+        }
+    }
+
+    /// Sets the limit (at session creation, before anything samples).
+    pub fn set_max_overhead(&self, max_overhead: f64) {
+        self.max_overhead.set(max_overhead);
+    }
+
+    /// Whether there is a budget to time our work for (no clock is read otherwise).
+    #[inline]
+    pub fn active(&self) -> bool {
+        self.max_overhead.get() > 0.0
+    }
+
+    /// Our thread's CPU time now when timing for the budget, else 0 (no system call).
+    #[inline]
+    pub fn start(&self) -> u64 {
+        match self.active() {
+            true => thread_cpu_ns(),
+            false => 0,
+        }
+    }
+
+    /// Charges the thread CPU time since `started` (from `start`); nothing without a budget.
+    #[inline]
+    pub fn charge_since(&self, started: u64) {
+        if self.active() {
+            self.charge(thread_cpu_ns().saturating_sub(started));
+        }
+    }
+
+    /// The factor on `sample_every` in force.
+    pub fn scale(&self) -> f64 {
+        self.scale.get()
+    }
+
+    /// Test aid: the cost model (or the real clocks again); starts a new period.
+    pub fn set_clock(&self, clock: CostClock, program_allocations: u64) {
+        self.clock.set(clock);
+        self.model_allocations.set(program_allocations);
+        self.restart(program_allocations);
+    }
+
+    /// Adds `ns` of our own work. Allocation-free; fine in the hook.
+    #[inline]
+    pub fn charge(&self, ns: u64) {
+        if let CostClock::Model { .. } = self.clock.get() {
+            return; // the model charges per sample (`charge_sample`), not by the clock
+        }
+        self.add(ns);
+    }
+
+    /// One sample was taken (the model's unit of cost).
+    #[inline]
+    pub fn charge_sample(&self) {
+        if let CostClock::Model { ns_per_sample, .. } = self.clock.get() {
+            self.add(ns_per_sample);
+        }
+    }
+
+    fn add(&self, ns: u64) {
+        self.spent_ns.set(self.spent_ns.get().saturating_add(ns));
+        self.spent_total_ns
+            .set(self.spent_total_ns.get().saturating_add(ns));
+    }
+
+    /// Starts a period now (sampling starts, or after a fork).
+    pub fn restart(&self, program_allocations: u64) {
+        self.spent_ns.set(0);
+        self.started_wall_ns.set(monotonic_ns());
+        self.started_cpu_ns.set(self.cpu_ns(program_allocations));
+    }
+
+    /// The process's CPU time (or the model's).
+    fn cpu_ns(&self, program_allocations: u64) -> u64 {
+        match self.clock.get() {
+            CostClock::Real => process_cpu_ns(),
+            CostClock::Model {
+                ns_per_allocation, ..
+            } => {
+                let made = program_allocations.saturating_sub(self.model_allocations.get());
+                self.model_allocations.set(program_allocations);
+                let cpu = self.model_cpu_ns.get() + made as f64 * ns_per_allocation;
+                self.model_cpu_ns.set(cpu);
+                cpu as u64
+            }
+        }
+    }
+
+    /// Ends the period if it is long enough, and rescales: returns the new scale when it
+    /// changed. `program_allocations` is only read by the model. Called from the commit job.
+    pub fn maybe_adjust(&self, program_allocations: impl FnOnce() -> u64) -> Option<f64> {
+        let limit = self.max_overhead.get();
+        if limit <= 0.0 {
+            return None;
+        }
+        let model = matches!(self.clock.get(), CostClock::Model { .. });
+        if !model && monotonic_ns().saturating_sub(self.started_wall_ns.get()) < PERIOD_WALL_NS {
+            return None;
+        }
+        let now_cpu = self.cpu_ns(if model { program_allocations() } else { 0 });
+        let cpu = now_cpu.saturating_sub(self.started_cpu_ns.get());
+        if cpu < PERIOD_CPU_NS {
+            return None;
+        }
+        let spent = self.spent_ns.get();
+        self.spent_ns.set(0);
+        self.started_cpu_ns.set(now_cpu);
+        self.started_wall_ns.set(monotonic_ns());
+        self.measured_cpu_ns
+            .set(self.measured_cpu_ns.get().saturating_add(cpu));
+        let overhead = spent as f64 / cpu as f64;
+        self.last_overhead.set(overhead);
+        let scale = self.scale.get();
+        // What would have put this period at the target: the work scales with the samples, which
+        // scale with 1 / scale.
+        let wanted = scale * overhead / (limit * TARGET_UTILISATION);
+        let next = if overhead > limit {
+            wanted.min(scale * MAX_STEP)
+        } else if wanted < scale / HYSTERESIS && scale > 1.0 {
+            // Room: come back down, not below what was asked for.
+            wanted.max(scale / MAX_STEP)
+        } else {
+            return None;
+        };
+        let next = next.clamp(1.0, MAX_SCALE);
+        if next == scale {
+            return None;
+        }
+        if next > scale {
+            self.raises.set(self.raises.get() + 1);
+        } else {
+            self.lowers.set(self.lowers.get() + 1);
+        }
+        self.scale.set(next);
+        Some(next)
+    }
+
+    /// A forked child measures its own process from a fresh period.
+    pub fn after_fork(&self, program_allocations: u64) {
+        self.spent_total_ns.set(0);
+        self.measured_cpu_ns.set(0);
+        self.raises.set(0);
+        self.lowers.set(0);
+        self.restart(program_allocations);
+    }
+}
+
+/// Nanoseconds on the monotonic clock (vDSO; allocation-free).
+pub fn monotonic_ns() -> u64 {
+    crate::shims::clock_ns(crate::shims::Clock::Monotonic)
+}
+
+/// This thread's CPU time in ns (a system call; allocation-free, async-signal-safe).
+pub fn thread_cpu_ns() -> u64 {
+    crate::shims::clock_ns(crate::shims::Clock::ThreadCpu)
+}
+
+fn process_cpu_ns() -> u64 {
+    crate::shims::clock_ns(crate::shims::Clock::ProcessCpu)
+}

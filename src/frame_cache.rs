@@ -1,0 +1,107 @@
+//! A per-frame cache for stacks the stack cache does not know (issue 22): from one frame's raw
+//! identity (the VM's frame handle, what locates it, its line) to its interned [`Frame`], for the
+//! period the caller's handles are stable in (its epoch; in CRuby, between two GCs). In a service
+//! most of a new stack is frames seen a moment ago (the server's and framework's, the bottom
+//! tens of frames of every request): those are neither named nor interned again, and an equal
+//! stack that is already a heap record is found by ids alone, interning nothing.
+//!
+//! Unlike the stack cache, this cache holds one reference on every string id it keeps, so a kept
+//! id always names the string it was interned for (ids are never reused); it gives them back
+//! when its epoch ends, when it fills up, and when it is cleared. Needs no lock: the recorder's
+//! state owns it, and every method takes the string storage's batch.
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+
+use rustc_hash::FxHasher;
+
+use crate::error::Result;
+use crate::stack::Frame;
+use crate::strings::Batch;
+
+/// Most frames kept; a full cache starts again empty (about 40 bytes each).
+pub const FRAME_CACHE_MAX_FRAMES: usize = 8192;
+
+/// One frame's raw identity: equal keys in one epoch must name equal frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FrameKey {
+    /// The frame handle (a VALUE in the binding).
+    pub handle: u64,
+    /// Whatever else its name or location depends on (the binding: for a C frame, the handle of
+    /// the Ruby frame whose file it takes; 0 otherwise).
+    pub locator: u64,
+    pub line: i32,
+}
+
+type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+
+#[derive(Default)]
+pub struct FrameCache {
+    epoch: u64,
+    frames: FxMap<FrameKey, Frame>,
+    /// Scratch for the keys of one capture (reused, so a lookup allocates nothing).
+    pub(crate) keys: Vec<FrameKey>,
+}
+
+impl FrameCache {
+    /// Makes the cache serve `epoch`: a new epoch (or a full cache) gives back every id first.
+    pub fn enter(&mut self, strings: &mut Batch<'_>, epoch: u64) -> Result<()> {
+        if self.epoch != epoch || self.frames.len() >= FRAME_CACHE_MAX_FRAMES {
+            self.clear(strings)?;
+            self.epoch = epoch;
+        }
+        Ok(())
+    }
+
+    pub fn get(&self, key: &FrameKey) -> Option<Frame> {
+        self.frames.get(key).copied()
+    }
+
+    /// Interns `name` and `filename` (the references are the cache's) and keeps the frame.
+    pub fn insert(
+        &mut self,
+        strings: &mut Batch<'_>,
+        key: FrameKey,
+        name: &str,
+        filename: &str,
+    ) -> Result<Frame> {
+        let name = strings.intern(name)?;
+        let filename = match strings.intern(filename) {
+            Ok(id) => id,
+            Err(e) => {
+                let _ = strings.unintern(name);
+                return Err(e);
+            }
+        };
+        let frame = Frame {
+            name,
+            filename,
+            line: key.line,
+        };
+        if let Some(old) = self.frames.insert(key, frame) {
+            // Cannot happen (the caller inserts only what it did not find); keep the counts right.
+            strings.unintern_all([old.name, old.filename])?;
+        }
+        Ok(frame)
+    }
+
+    /// Forgets every frame, giving back its references.
+    pub fn clear(&mut self, strings: &mut Batch<'_>) -> Result<()> {
+        let ids = self.frames.drain().flat_map(|(_, f)| [f.name, f.filename]);
+        strings.unintern_all(ids)
+    }
+
+    pub fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    /// Approximate heap bytes held.
+    pub fn memsize(&self) -> usize {
+        self.frames.capacity() * (std::mem::size_of::<(FrameKey, Frame)>() + 1)
+            + self.keys.capacity() * std::mem::size_of::<FrameKey>()
+    }
+}

@@ -1,0 +1,135 @@
+//! The frame cache seen through the recorder: a new stack that shares frames with one seen in the
+//! same epoch names only its new frames, an equal stack already recorded is found by ids, the
+//! stacks equal what naming every frame gives, and every reference is given back.
+
+use std::cell::Cell;
+use std::sync::Arc;
+
+use super::*;
+use crate::fake_vm::FakeVm;
+use crate::frame_cache::FrameKey;
+use crate::stack_cache::RawStackKey;
+
+/// A capture with per-frame keys: handle i names `names[i]`, at line i + 1 of app.rb.
+struct Keyed {
+    handles: Vec<u64>,
+    lines: Vec<i32>,
+    names: Vec<&'static str>,
+    epoch: u64,
+    /// Frames named one by one (frame-cache misses).
+    named: Cell<usize>,
+    /// A distinct raw key per capture, so the stack cache never answers (the frame cache does).
+    salt: u64,
+}
+
+impl Keyed {
+    fn new(handles: &[u64], names: &[&'static str], epoch: u64, salt: u64) -> Self {
+        Keyed {
+            handles: handles.to_vec(),
+            lines: (1..=handles.len() as i32).collect(),
+            names: names.to_vec(),
+            epoch,
+            named: Cell::new(0),
+            salt,
+        }
+    }
+}
+
+impl FrameSource for Keyed {
+    fn key(&self) -> Option<RawStackKey<'_>> {
+        Some(RawStackKey {
+            frames: &self.handles,
+            lines: &self.lines,
+            salt: self.salt,
+            epoch: self.epoch,
+        })
+    }
+
+    fn with_frames(&self, f: &mut dyn FnMut(&[RawFrame<'_>]) -> Result<Stack>) -> Result<Stack> {
+        let frames: Vec<RawFrame> = (self.names.iter().zip(&self.lines))
+            .map(|(&name, &line)| RawFrame {
+                name,
+                filename: "app.rb",
+                line,
+            })
+            .collect();
+        f(&frames)
+    }
+
+    fn frame_keys(&self, out: &mut Vec<FrameKey>) -> Option<u64> {
+        out.clear();
+        out.extend(
+            (self.handles.iter().zip(&self.lines)).map(|(&handle, &line)| FrameKey {
+                handle,
+                locator: 0,
+                line,
+            }),
+        );
+        Some(self.epoch)
+    }
+
+    fn name_frame(
+        &self,
+        i: usize,
+        f: &mut dyn FnMut(&str, &str) -> Result<Frame>,
+    ) -> Result<Frame> {
+        self.named.set(self.named.get() + 1);
+        f(self.names[i], "app.rb")
+    }
+}
+
+fn names_of(rec: &HeapRecorder, stack: &Stack) -> Vec<String> {
+    let strings = rec.strings().lock().unwrap();
+    stack.iter().map(|f| strings.get(f.name).unwrap()).collect()
+}
+
+#[test]
+fn shared_frames_are_named_once_per_epoch_and_references_balance() {
+    let rec = HeapRecorder::default();
+    rec.reserve_stack_cache().unwrap();
+    let mut vm = FakeVm::new();
+    let mut objects = Vec::new();
+    let mut record = |vm: &mut FakeVm, source: &Keyed| {
+        let obj = vm.alloc(40);
+        objects.push(obj);
+        let r = rec
+            .record_allocation_from(obj, 1, Some("String"), source, 0)
+            .unwrap();
+        assert_eq!(r.outcome, RecordOutcome::Pending);
+        rec.pending().unwrap().last().unwrap().stack.clone()
+    };
+    let a = Keyed::new(&[1, 10, 20, 30], &["a", "rack", "puma", "main"], 7, 1);
+    let b = Keyed::new(&[2, 10, 20, 30], &["b", "rack", "puma", "main"], 7, 2);
+    let a_again = Keyed::new(&[1, 10, 20, 30], &["a", "rack", "puma", "main"], 7, 3);
+    let stack_a = record(&mut vm, &a);
+    let stack_b = record(&mut vm, &b);
+    let stack_a2 = record(&mut vm, &a_again);
+    assert_eq!(
+        (a.named.get(), b.named.get(), a_again.named.get()),
+        (4, 1, 0)
+    );
+    assert_eq!(names_of(&rec, &stack_b), ["b", "rack", "puma", "main"]);
+    assert!(Arc::ptr_eq(&stack_a, &stack_a2), "an equal stack is shared");
+    // Another epoch: named again.
+    let later = Keyed::new(&[1, 10, 20, 30], &["a", "rack", "puma", "main"], 8, 4);
+    let stack_later = record(&mut vm, &later);
+    assert_eq!(later.named.get(), 4);
+    assert!(Arc::ptr_eq(&stack_a, &stack_later));
+    // Two stacks, as the uncached path gives.
+    assert_eq!(rec.stats().unwrap().num_heap_records, 2);
+    rec.commit(&mut vm).unwrap();
+    // Everything dies: the records give back theirs, clearing the cache gives back its own.
+    for obj in objects.clone() {
+        vm.kill(obj);
+    }
+    vm.gc();
+    rec.update(&mut vm, UpdateKind::Full).unwrap();
+    let s = rec.stats().unwrap();
+    assert_eq!((s.num_heap_records, s.string_refs), (0, 0));
+    rec.clear_stack_cache();
+    let mut strings = rec.strings().lock().unwrap();
+    strings.compact();
+    for id in 1..20 {
+        assert!(strings.get(id).is_err(), "string id {id} still referenced");
+    }
+}
