@@ -132,7 +132,10 @@ rows = SETTINGS.map do |every, iterations, cap|
   ratios = runs.map(&:first)
   kept = runs.first[1]
   stats = runs.last[2]
-  sigma = Math.sqrt(kept * [every - 1, 1].max) / kept
+  # A thinned recorder keeps an object with chance 1 / thinning at that weight (the same error
+  # as sampling at that interval).
+  spread = cap ? stats[:thinning] * every : every
+  sigma = Math.sqrt(kept * [spread - 1, 1].max) / kept
   label = cap ? "#{every}, max_tracked_objects #{cap}" : every.to_s
   notes = cap ? "thinning #{stats[:thinning]}, #{stats[:lifetime_thinnings]} thinnings, #{stats[:lifetime_recordings_skipped_max_tracked]} skipped at the cap" : ""
   [label, kept.to_s, format("%.4f", Bench.median(ratios)), format("%.4f..%.4f", ratios.min, ratios.max),
