@@ -51,9 +51,10 @@ module DatadogHeap
     # sizes: see `unit`), `stddevs` the sampling error of each bytes value. `slope` is bytes (or
     # objects) per minute, `stderr` its standard error, `confidence` (0.5..1.0) that its sign is
     # right, `relative` the fitted change over the series / the mean level, `verdict` :growing,
-    # :steady or :shrinking (see DatadogHeap::Trend).
+    # :steady or :shrinking (see DatadogHeap::Trend), `unit` :bytes or :objects, `intercept` the
+    # fitted line's value at the first profile.
     SiteTrend = Struct.new(:locations, :class_name, :location, :label, :function, :callee, :called_from, :library,
-      :times, :bytes, :objects, :stddevs, :slope, :stderr, :confidence, :relative, :verdict, :unit)
+      :times, :bytes, :objects, :stddevs, :slope, :stderr, :confidence, :relative, :verdict, :unit, :intercept)
 
     SORT_KEYS = %i[size count].freeze
     TREND_KEYWORDS = {group: true, app_root: true}.freeze
@@ -139,7 +140,6 @@ module DatadogHeap
           raise TypeError, "profiles[#{i}] must be a #{self}, got #{Validate.describe(p)}" unless Profile === p
         end
         Validate.known_keys!("#{self}.trend", options, TREND_KEYWORDS)
-        require_relative "trend"
         Trend.sites(profiles, **options)
       end
 

@@ -69,7 +69,7 @@ module DatadogHeap
         Profile::SiteTrend.new(site.locations, site.class_name, site.location, site.label, site.function, site.callee,
           site.called_from, site.library, times, bytes, objects, fit.variances.map { |v| Math.sqrt(v) },
           fit.slope && fit.slope * 60, fit.stderr && fit.stderr * 60, fit.confidence, fit.relative, fit.verdict,
-          sizes ? :bytes : :objects)
+          sizes ? :bytes : :objects, fit.intercept)
       end
       trends.sort_by.with_index do |t, i|
         case t.verdict
