@@ -123,6 +123,8 @@ module DatadogHeap
     end
 
     def minutes(seconds)
+      return format("%.2f s", seconds) if seconds < 10
+
       seconds < 120 ? format("%.0f s", seconds) : format("%.1f min", seconds / 60)
     end
 
