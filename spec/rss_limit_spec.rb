@@ -56,33 +56,51 @@ RSpec.describe "Recorder rss_limit:" do
     expect { DatadogHeap::Recorder.new(rss_limit: MIB, rss_output: "") }.to raise_error(ArgumentError, /rss_output must not be empty/)
   end
 
+  # RSS read through a stub: in the suite's process freed memory stays resident, so real growth
+  # is not reliable here (the auto example below grows a fresh child for real).
   it "writes a profile from its watch thread when RSS crosses the limit, then at the next step" do
-    skip "no /proc/self/statm here" unless DatadogHeap::RssWatch.supported?
-
-    Dir.mktmpdir do |dir|
-      base = DatadogHeap::RssWatch.rss
-      rec = DatadogHeap::Recorder.new(rss_limit: base + 16 * MIB, rss_step: 16 * MIB, rss_output: dir)
-      keep = []
-      allow(rec).to receive(:warn)
-      rec.start
-      begin
-        sleep 0.3
-        expect(rec.rss_profiles).to eq([])
-        # Touch every page so the strings are resident.
-        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 20
-        until rec.rss_profiles.size >= 2 || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
-          keep << ("x" * (8 * MIB)) if keep.size < 12
-          sleep 0.1
-        end
-      ensure
-        rec.stop
-      end
-      expect(rec.rss_profiles.size).to be >= 2
-      expect(rec.rss_profiles.first).to eq(File.join(dir, "heap-rss-#{Process.pid}-1.pb.gz"))
-      expect(rec).to have_received(:warn).with(/RSS \d+ MiB reached \d+ MiB \(rss_limit \d+ MiB, step 16 MiB\): wrote #{Regexp.escape(rec.rss_profiles.first)}/)
-      expect(rec.rss_profiles.map { |path| DatadogHeap::Profile.load(path) }).to all(be_a(DatadogHeap::Profile))
-      keep.clear
+    rss = 100 * MIB
+    allow(DatadogHeap::RssWatch).to receive(:rss) { rss }
+    wait_for = lambda do |count|
+      deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 30
+      sleep 0.05 until rec_profiles(count) || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
     end
+    Dir.mktmpdir do |dir|
+      @rec = DatadogHeap::Recorder.new(rss_limit: 120 * MIB, rss_step: 16 * MIB, rss_output: File.join(dir, "rss"))
+      allow(@rec).to receive(:warn)
+      @rec.start
+      begin
+        sleep 2 * DatadogHeap::RssWatch::INTERVAL
+        expect(@rec.rss_profiles).to eq([])
+        rss = 121 * MIB
+        wait_for.call(1)
+        expect(@rec.rss_profiles).to eq([File.join(dir, "rss", "heap-rss-#{Process.pid}-1.pb.gz")])
+        rss = 170 * MIB # past the steps at 136 and 152 at once: one profile
+        wait_for.call(2)
+        sleep 2 * DatadogHeap::RssWatch::INTERVAL
+      ensure
+        @rec.stop
+      end
+      expect(@rec.rss_profiles.size).to eq(2)
+      expect(@rec).to have_received(:warn).with(/RSS 121 MiB reached 120 MiB \(rss_limit 120 MiB, step 16 MiB\): wrote #{Regexp.escape(@rec.rss_profiles[0])}/)
+      expect(@rec).to have_received(:warn).with(/RSS 170 MiB reached 136 MiB/)
+      expect(@rec.rss_profiles.map { |path| DatadogHeap::Profile.load(path) }).to all(be_a(DatadogHeap::Profile))
+    end
+  end
+
+  def rec_profiles(count)
+    @rec.rss_profiles.size >= count
+  end
+
+  it "stops its watch with the recorder" do
+    rss = 10 * MIB
+    allow(DatadogHeap::RssWatch).to receive(:rss) { rss }
+    rec = DatadogHeap::Recorder.new(rss_limit: 20 * MIB)
+    rec.start
+    rec.stop
+    rss = 30 * MIB
+    sleep 2 * DatadogHeap::RssWatch::INTERVAL
+    expect(rec.rss_profiles).to eq([])
   end
 end
 

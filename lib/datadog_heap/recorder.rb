@@ -53,7 +53,8 @@ module DatadogHeap
         raise ArgumentError, "windows_per_second applies to sampler: :windowed only, got sampler: :countdown"
       end
       recorder = _native_new(self, *options.values_at(:sample_every, :sample_rate, :size_enabled, :max_frames, :max_tracked_objects), rate)
-      recorder.send(:setup_rss, options.slice(*RSS_OPTIONS))
+      # Nothing allocated here without rss_limit (Recorder.new runs in loops under GC.stress).
+      recorder.send(:setup_rss, options.slice(*RSS_OPTIONS)) if options[:rss_limit]
       recorder
     end
 

@@ -173,9 +173,10 @@ module DatadogHeap
         @rss_options&.fetch(:rss_output)
       end
 
-      # The profiles written because RSS crossed the limit or a step, in order.
+      # The profiles written because RSS crossed the limit or a step, in order (frozen; empty
+      # without rss_limit).
       def rss_profiles
-        @rss_profiles ||= []
+        (@rss_profiles ||= []).dup.freeze
       end
 
       def start
@@ -197,8 +198,6 @@ module DatadogHeap
 
       def setup_rss(options)
         @rss_options = options.freeze
-        return unless options[:rss_limit]
-
         @rss_count = 0
         @rss_watch = RssWatch.new(limit: options[:rss_limit], step: options[:rss_step]) do |rss, threshold|
           write_rss_profile(rss, threshold)
@@ -210,7 +209,7 @@ module DatadogHeap
         @rss_count += 1
         FileUtils.mkdir_p(rss_output)
         path = write_profile(File.join(rss_output, "heap-rss-#{Process.pid}-#{@rss_count}.pb.gz"))
-        rss_profiles << path
+        (@rss_profiles ||= []) << path
         warn "datadog_heap: RSS #{rss >> 20} MiB reached #{threshold >> 20} MiB " \
           "(rss_limit #{rss_limit >> 20} MiB, step #{rss_step >> 20} MiB): wrote #{path}"
       end
