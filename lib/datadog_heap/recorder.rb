@@ -37,6 +37,7 @@ module DatadogHeap
                 max_tracked_objects: 262_144, sampler: :countdown, windows_per_second: 100,
                 rss_limit: nil, rss_step: nil, rss_output: nil}.freeze
     RSS_OPTIONS = %i[rss_limit rss_step rss_output].freeze
+    RSS_DEPENDENT_OPTIONS = %i[rss_step rss_output].freeze
     MAX_WINDOWS_PER_SECOND = 100_000
     MAX_FRAMES_LIMIT = 3000
     RECORD_ALLOCATION_KEYWORDS = {weight: true, class_name: true, locations: true}.freeze
@@ -80,7 +81,7 @@ module DatadogHeap
     def self.check_rss_options(options)
       limit = options[:rss_limit]
       if NilClass === limit
-        %i[rss_step rss_output].each do |key|
+        RSS_DEPENDENT_OPTIONS.each do |key|
           raise ArgumentError, "#{key} applies with rss_limit only, got #{key}: #{Validate.show(options[key])}" unless options[key].nil?
         end
         return options
