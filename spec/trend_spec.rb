@@ -151,6 +151,14 @@ RSpec.describe "DatadogHeap::Profile.trend", :stressed do
     end
   end
 
+  it "groups like #top: one row per file with group: :file" do
+    Dir.mktmpdir do |dir|
+      trends = DatadogHeap::Profile.trend(series(dir), group: :file, app_root: "/app")
+      expect(trends.map { |t| [t.label, t.verdict] }).to eq([["/app/leaky_cache.rb", :growing], ["/app/buffer.rb", :steady]])
+      expect(trends[0].bytes).to eq(trends[0].bytes.sort)
+    end
+  end
+
   it "rejects what is not a series of profiles, naming the argument" do
     Dir.mktmpdir do |dir|
       profiles = series(dir)

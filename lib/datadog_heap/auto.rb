@@ -311,7 +311,10 @@ module DatadogHeap
         return unless @output || @upload
 
         stop_writer
-        @rss_watch&.stop
+        if @rss_watch
+          RssWatch.unregister(@rss_watch)
+          @rss_watch.stop
+        end
         DatadogHeap.stop
         GC.start
         publish

@@ -52,10 +52,13 @@ module DatadogHeap
       sizes = timed.all? { |_, p, _| p.sizes? }
       t0 = timed[0][0]
       times = timed.map { |time, _, _| time - t0 }
+      # A site is its label, class and caller; a coarser group is its label (its other fields
+      # describe its heaviest stack, which may differ from one profile to the next).
+      by_site = options.fetch(:group, :site) == :site
       rows = {}
       timed.each_with_index do |(_, profile, _), at|
         profile.top(2**62 - 1, by: sizes ? :size : :count, **options).each do |site|
-          key = [site.label, site.class_name, site.called_from]
+          key = by_site ? [site.label, site.class_name, site.called_from] : site.label
           row = rows[key] ||= [site, Array.new(timed.size, 0), Array.new(timed.size, 0)]
           row[1][at] = sizes ? site.live_bytes : site.live_objects
           row[2][at] = site.live_objects
