@@ -113,7 +113,6 @@ end
 require_relative "datadog_heap/recorder"
 require_relative "datadog_heap/rss_watch"
 require_relative "datadog_heap/profile"
-require_relative "datadog_heap/trend"
 require_relative "datadog_heap/retainers"
 
 Process.singleton_class.prepend(DatadogHeap::ForkHook)

@@ -140,6 +140,7 @@ module DatadogHeap
           raise TypeError, "profiles[#{i}] must be a #{self}, got #{Validate.describe(p)}" unless Profile === p
         end
         Validate.known_keys!("#{self}.trend", options, TREND_KEYWORDS)
+        require_relative "trend"
         Trend.sites(profiles, **options)
       end
 

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
-require "etc"
-require "fileutils"
+# etc and fileutils are required when first used: `require "datadog_heap"` stays small (every GC
+# marks what it loads).
 
 module DatadogHeap
   # A profile before the OOM kill: a background thread that reads the process's resident set size
@@ -53,7 +53,10 @@ module DatadogHeap
       private
 
       def page_size
-        @page_size ||= Etc.sysconf(Etc::SC_PAGESIZE)
+        @page_size ||= begin
+          require "etc"
+          Etc.sysconf(Etc::SC_PAGESIZE)
+        end
       end
     end
 
@@ -207,6 +210,7 @@ module DatadogHeap
       # From the watch thread: one profile, named by pid and count, and a warning saying why.
       def write_rss_profile(rss, threshold)
         @rss_count += 1
+        require "fileutils"
         FileUtils.mkdir_p(rss_output)
         path = write_profile(File.join(rss_output, "heap-rss-#{Process.pid}-#{@rss_count}.pb.gz"))
         (@rss_profiles ||= []) << path

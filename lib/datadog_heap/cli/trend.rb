@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "../trend"
+
 module DatadogHeap
   class CLI
     # `datadog-heap trend FILES...`: per site, the slope of live bytes over a series of profiles,
