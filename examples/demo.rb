@@ -2,7 +2,8 @@
 
 # The demo: a small service-like program with a leaking cache, profiled with the default
 # settings. Writes tmp/demo/heap.pb.gz (gzip pprof: open it with `go tool pprof`) and prints the
-# sites that hold the most live memory (the CLI's report). Run it with `bin/demo` (or `rake demo`).
+# sites that hold the most live memory (the CLI's report). Run it with `bin/demo` (or `rake demo`);
+# `bin/demo 60000` serves 60000 requests instead of 15000.
 require "datadog_heap"
 require "json"
 require "erb"
@@ -34,13 +35,14 @@ def handle_request(cache, i)
   html.size
 end
 
+requests = Integer(ARGV.fetch(0, "15000"), 10)
 puts "datadog_heap #{DatadogHeap::VERSION} (native #{DatadogHeap._native_version}) on ruby #{RUBY_VERSION}"
 recorder = DatadogHeap.start
 cache = LeakyCache.new
 started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
 # Progress: one line per step into a file or pipe; on a terminal, one line rewritten in place.
 progress_end = $stdout.tty? ? "\r" : "\n"
-15_000.times do |i|
+requests.times do |i|
   handle_request(cache, i)
   print "requests: #{i + 1}#{progress_end}" if ((i + 1) % 5_000).zero?
 end
@@ -55,7 +57,7 @@ DatadogHeap.write_profile(out)
 
 stats = recorder.stats
 puts format("profiled %d requests in %.2fs; %d allocations seen, %d sampled (1 in %d)",
-  15_000, elapsed, stats[:sampler_allocations_seen], stats[:sampler_samples_recorded], recorder.sample_every)
+  requests, elapsed, stats[:sampler_allocations_seen], stats[:sampler_samples_recorded], recorder.sample_every)
 puts "wrote #{out}: `exe/datadog-heap report #{out}` (or go tool pprof) reads it"
 puts
 

@@ -30,7 +30,10 @@ module DatadogHeap
   module ForkHook
     def _fork
       pid = super
-      DatadogHeap._native_after_fork_all if pid == 0
+      if pid == 0
+        DatadogHeap._native_after_fork_all
+        DatadogHeap::RssWatch.after_fork
+      end
       pid
     end
 
@@ -38,6 +41,7 @@ module DatadogHeap
     def daemon(*args)
       result = super
       DatadogHeap._native_after_fork_all
+      DatadogHeap::RssWatch.after_fork
       result
     end
   end
@@ -139,6 +143,7 @@ unless DatadogHeap.native_window_timer_safe?
 end
 
 require_relative "datadog_heap/recorder"
+require_relative "datadog_heap/rss_watch"
 require_relative "datadog_heap/profile"
 require_relative "datadog_heap/retainers"
 

@@ -19,6 +19,11 @@
 # - DATADOG_HEAP_UPLOAD: also (or, when DATADOG_HEAP_OUTPUT is unset, only) send each profile to
 #   a Datadog agent or a Pyroscope server, from the writer thread (see lib/datadog_heap/upload.rb);
 #   DATADOG_HEAP_INTERVAL then defaults to 60.
+# - DATADOG_HEAP_RSS_LIMIT: a profile before the OOM kill. A size ("512mb", "2g", bytes; binary
+#   units): when the process's RSS first reaches it, one profile is written (and uploaded) as
+#   above, with a warning, then again at each DATADOG_HEAP_RSS_STEP further (default: a tenth of
+#   the limit, at least 1 MiB). RSS is read from /proc/self/statm (Linux only) by a thread every
+#   DatadogHeap::RssWatch::INTERVAL seconds, never from the allocation hook. Default: unset, off.
 #
 # At exit (after the program's own at_exit handlers), sampling stops, a GC runs and the final
 # profile is written. An invalid value gets one warning naming the variable, then its default; a

@@ -17,6 +17,8 @@ module DatadogHeap
     ENV_SAMPLER = "DATADOG_HEAP_SAMPLER"
     # "1": every profile carries retainer paths (Recorder#profile(retainers: true)).
     ENV_RETAINERS = "DATADOG_HEAP_RETAINERS"
+    ENV_RSS_LIMIT = "DATADOG_HEAP_RSS_LIMIT"
+    ENV_RSS_STEP = "DATADOG_HEAP_RSS_STEP"
     # How long the exit handler waits for a write in progress in the writer thread.
     STOP_TIMEOUT = 10
     # Seconds between two profiles when uploading and DATADOG_HEAP_INTERVAL is unset.
@@ -84,10 +86,12 @@ module DatadogHeap
         @retainers = env[ENV_RETAINERS] == "1"
         opts = config.slice(:sample_every, :sampler, :max_overhead).compact
         opts[:max_overhead] = nil if opts[:max_overhead] == :none
+        @publish_lock = Mutex.new
         # The writer thread first, so its own allocations are not sampled.
         start_writer
         at_exit { finish }
         DatadogHeap.start(**opts)
+        start_rss_watch(env)
         true
       rescue *FAILURES => e
         @output = nil
@@ -112,10 +116,14 @@ module DatadogHeap
         nil
       end
 
-      # Writes and uploads one profile, as configured.
+      # Writes and uploads one profile, as configured; returns the path written, or nil. One at a
+      # time (the writer and the RSS watch both call it).
       def publish
-        write if @output
-        @upload&.push(DatadogHeap.recorder)
+        @publish_lock.synchronize do
+          path = write if @output
+          @upload&.push(DatadogHeap.recorder)
+          path
+        end
       rescue *FAILURES => e
         warn "datadog_heap/auto: could not upload a profile: #{e.class}: #{e.message}"
       end
@@ -127,12 +135,57 @@ module DatadogHeap
         @output&.after_fork
         @upload&.after_fork
         @failing = false
+        @publish_lock = Mutex.new
         start_writer
       rescue *FAILURES => e
         warn "datadog_heap/auto: no periodic profiles in child #{Process.pid}: #{e.class}: #{e.message}"
       end
 
+      # The RSS watch DATADOG_HEAP_RSS_LIMIT started, or nil.
+      attr_reader :rss_watch
+
       private
+
+      # DATADOG_HEAP_RSS_LIMIT and DATADOG_HEAP_RSS_STEP: {limit:, step:} or nil (unset, or
+      # invalid after a warning).
+      def rss_config(env)
+        value = env[ENV_RSS_LIMIT]
+        return nil if value.nil? || value.strip.empty?
+
+        limit = RssWatch.parse_size(value)
+        unless limit
+          warn "datadog_heap/auto: ignoring #{ENV_RSS_LIMIT}=#{value.inspect}: expected a size such as 512mb, 2g " \
+            "or a number of bytes; no profile on RSS"
+          return nil
+        end
+        step_value = env[ENV_RSS_STEP]
+        step = nil
+        unless step_value.nil? || step_value.strip.empty?
+          step = RssWatch.parse_size(step_value)
+          unless step
+            warn "datadog_heap/auto: ignoring #{ENV_RSS_STEP}=#{step_value.inspect}: expected a size such as 64mb; " \
+              "using a tenth of the limit"
+          end
+        end
+        {limit: limit, step: step}
+      end
+
+      def start_rss_watch(env)
+        config = rss_config(env)
+        return unless config && (@output || @upload)
+
+        unless RssWatch.supported?
+          warn "datadog_heap/auto: ignoring #{ENV_RSS_LIMIT}: RSS cannot be read here (no #{RssWatch::STATM})"
+          return
+        end
+        @rss_watch = RssWatch.new(**config) do |rss, threshold|
+          path = publish
+          warn "datadog_heap/auto: RSS #{rss >> 20} MiB reached #{threshold >> 20} MiB " \
+            "(#{ENV_RSS_LIMIT}=#{env[ENV_RSS_LIMIT]}): #{path ? "wrote #{path}" : "profile sent"}"
+        end
+        @rss_watch.start
+        RssWatch.register(@rss_watch)
+      end
 
       def upload_from_env(env)
         return nil if env[DatadogHeap::Upload::ENV_UPLOAD].to_s.strip.empty?
@@ -250,6 +303,10 @@ module DatadogHeap
         return unless @output || @upload
 
         stop_writer
+        if @rss_watch
+          RssWatch.unregister(@rss_watch)
+          @rss_watch.stop
+        end
         DatadogHeap.stop
         GC.start
         publish

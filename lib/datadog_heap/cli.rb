@@ -6,6 +6,7 @@ require "rbconfig"
 require "tmpdir"
 require "datadog_heap"
 require_relative "cli/why"
+require_relative "cli/trend"
 
 module DatadogHeap
   # `datadog-heap`: reports on pprof heap profiles and profiles Ruby programs (exe/datadog-heap).
@@ -16,6 +17,7 @@ module DatadogHeap
   # exits with the status of the program it ran. Errors go to stderr, without a backtrace.
   class CLI
     include Why
+    include TrendCommand
 
     EXIT_OK = 0
     EXIT_ERROR = 1
@@ -30,6 +32,7 @@ module DatadogHeap
     COMMANDS = {
       "report" => "top allocation sites of a profile: live bytes, objects, class, age",
       "diff" => "sites whose live size grew between two profiles (leak hunting)",
+      "trend" => "is it a leak? per site, the slope of live bytes over a series of profiles, and a verdict",
       "why" => "what keeps the top sites' objects alive: retainer paths from GC roots",
       "run" => "run a Ruby program with datadog_heap/auto, then report its last profile",
       "help" => "help on a command",
@@ -57,7 +60,7 @@ module DatadogHeap
         EXIT_OK
       when "help"
         help(argv)
-      when "report", "diff", "run", "why"
+      when "report", "diff", "run", "why", "trend"
         send(:"#{command}_command", argv)
       else
         raise UsageError, "unknown command #{command.inspect}"

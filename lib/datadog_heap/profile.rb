@@ -45,7 +45,19 @@ module DatadogHeap
       :bytes_change, :objects_change, :bytes_relative, :objects_relative, :label, :function, :callee, :called_from,
       :library)
 
+    # A site (or group) over a series of profiles (Profile.trend), with the fields of Site that
+    # describe it. `times` are seconds since the first profile's end, `bytes` and `objects` the
+    # site's live bytes and objects in each profile (bytes are objects when a profile has no
+    # sizes: see `unit`), `stddevs` the sampling error of each bytes value. `slope` is bytes (or
+    # objects) per minute, `stderr` its standard error, `confidence` (0.5..1.0) that its sign is
+    # right, `relative` the fitted change over the series / the mean level, `verdict` :growing,
+    # :steady or :shrinking (see DatadogHeap::Trend), `unit` :bytes or :objects, `intercept` the
+    # fitted line's value at the first profile.
+    SiteTrend = Struct.new(:locations, :class_name, :location, :label, :function, :callee, :called_from, :library,
+      :times, :bytes, :objects, :stddevs, :slope, :stderr, :confidence, :relative, :verdict, :unit, :intercept)
+
     SORT_KEYS = %i[size count].freeze
+    TREND_KEYWORDS = {group: true, app_root: true}.freeze
     GROUPS = %i[site location file gem class].freeze
     TOP_KEYWORDS = {by: true, group: true, app_root: true}.freeze
     DIFF_KEYWORDS = {group: true, app_root: true}.freeze
@@ -112,6 +124,24 @@ module DatadogHeap
         end
         merged.send(:setup, profiles.flat_map(&:paths), profiles.sum(&:count))
         merged
+      end
+
+      # Per site, a fit of live bytes over the profiles' times and a verdict: which sites grow
+      # steadily, how fast, how sure (see DatadogHeap::Trend and SiteTrend). `profiles` is an
+      # Array of at least 2 Profiles with distinct times (their end: time_nanos + duration_nanos),
+      # in any order. Growing sites first (fastest first), then steady ones (most bytes last
+      # seen first), then shrinking ones. `group:` and `app_root:` as for #top. Raises
+      # DatadogHeap::Error naming a profile without a time, or two profiles with the same time.
+      def trend(profiles, **options)
+        raise TypeError, "profiles must be an Array of #{self}, got #{Validate.describe(profiles)}" unless Array === profiles
+        raise ArgumentError, "profiles must hold at least 2 profiles, got #{profiles.size}" if profiles.size < 2
+
+        profiles.each_with_index do |p, i|
+          raise TypeError, "profiles[#{i}] must be a #{self}, got #{Validate.describe(p)}" unless Profile === p
+        end
+        Validate.known_keys!("#{self}.trend", options, TREND_KEYWORDS)
+        require_relative "trend"
+        Trend.sites(profiles, **options)
       end
 
       # Absolute directories: each as given (expanded) and, when it exists and differs, its real
@@ -185,6 +215,29 @@ module DatadogHeap
     # thinned, or low), and `go tool pprof` shows them too.
     def comments
       info[:comments]
+    end
+
+    # When the profile starts (pprof time_nanos: nanoseconds since the Unix epoch; 0 if unknown)
+    # and how long it covers (duration_nanos).
+    def time_nanos
+      info[:time_nanos] || 0
+    end
+
+    def duration_nanos
+      info[:duration_nanos] || 0
+    end
+
+    # Where the profile ends, in seconds since the Unix epoch (nil if it has no time): the moment
+    # its live heap was seen.
+    def end_time
+      return nil if time_nanos <= 0
+
+      (time_nanos + duration_nanos) / 1e9
+    end
+
+    # A short name for messages: the path, or "profile N".
+    def display_name(index = nil)
+      path ? Validate.utf8(path) : "profile #{index ? index + 1 : "(string)"}"
     end
 
     # Sum of live objects over every sample, weighted (what the samples stand for).

@@ -26,6 +26,14 @@ module DatadogHeap
   #   sample_every; it lowers it back when there is room. Each sample weighs the interval in
   #   force when it was taken, so estimates stay unbiased; stats[:sampler_effective_sample_every]
   #   and the profile's period say the interval in force. See README, "Overhead budget".
+  # - rss_limit: a profile before the OOM kill. Bytes (Integer) or nil (the default: off). While
+  #   the recorder runs, a thread reads RSS (/proc/self/statm, Linux only) every
+  #   RssWatch::INTERVAL seconds and writes a profile to rss_output when RSS first reaches the
+  #   limit, then again at each further rss_step. Never from the allocation hook.
+  # - rss_step: bytes between two such profiles past the limit (default: a tenth of rss_limit, at
+  #   least 1 MiB); only with rss_limit.
+  # - rss_output: the directory those profiles go to, as heap-rss-<pid>-<n>.pb.gz (default: the
+  #   current directory when the recorder is created); only with rss_limit.
   class Recorder
     SAMPLERS = %i[countdown windowed].freeze
     # sample_every's default depends on the sampler (bench/mixed.rb and bench/allocation.rb: the
@@ -33,7 +41,9 @@ module DatadogHeap
     SAMPLE_EVERY = {countdown: 1024, windowed: 4096}.freeze
     DEFAULTS = {sample_every: nil, sample_rate: 1, size_enabled: true, max_frames: 400,
                 max_tracked_objects: 262_144, sampler: :countdown, windows_per_second: 100,
-                max_overhead: 0.01}.freeze
+                max_overhead: 0.01, rss_limit: nil, rss_step: nil, rss_output: nil}.freeze
+    RSS_OPTIONS = %i[rss_limit rss_step rss_output].freeze
+    RSS_DEPENDENT_OPTIONS = %i[rss_step rss_output].freeze
     MAX_WINDOWS_PER_SECOND = 100_000
     MAX_FRAMES_LIMIT = 3000
     RECORD_ALLOCATION_KEYWORDS = {weight: true, class_name: true, locations: true}.freeze
@@ -49,8 +59,11 @@ module DatadogHeap
       if rate.nil? && given.key?(:windows_per_second)
         raise ArgumentError, "windows_per_second applies to sampler: :windowed only, got sampler: :countdown"
       end
-      _native_new(self, *options.values_at(:sample_every, :sample_rate, :size_enabled, :max_frames, :max_tracked_objects), rate,
+      recorder = _native_new(self, *options.values_at(:sample_every, :sample_rate, :size_enabled, :max_frames, :max_tracked_objects), rate,
         options[:max_overhead]&.to_f)
+      # Nothing allocated here without rss_limit (Recorder.new runs in loops under GC.stress).
+      recorder.send(:setup_rss, options.slice(*RSS_OPTIONS)) if options[:rss_limit]
+      recorder
     end
 
     # `options` (option => value) with the missing ones taken from DEFAULTS. Raises ArgumentError
@@ -69,6 +82,23 @@ module DatadogHeap
       Validate.integer!(:max_tracked_objects, options[:max_tracked_objects], 1, 2**40)
       Validate.positive_number!(:windows_per_second, options[:windows_per_second], MAX_WINDOWS_PER_SECOND)
       Validate.positive_number!(:max_overhead, options[:max_overhead], 1) unless NilClass === options[:max_overhead]
+      check_rss_options(options)
+    end
+
+    # rss_limit, rss_step and rss_output checked, the defaults of the last two filled in.
+    def self.check_rss_options(options)
+      limit = options[:rss_limit]
+      if NilClass === limit
+        RSS_DEPENDENT_OPTIONS.each do |key|
+          raise ArgumentError, "#{key} applies with rss_limit only, got #{key}: #{Validate.show(options[key])}" unless options[key].nil?
+        end
+        return options
+      end
+      Validate.integer!(:rss_limit, limit, 1, 2**62)
+      options[:rss_step] = RssWatch.default_step(limit) if NilClass === options[:rss_step]
+      Validate.integer!(:rss_step, options[:rss_step], 1, 2**62)
+      output = NilClass === options[:rss_output] ? Dir.pwd : Validate.path!(:rss_output, options[:rss_output])
+      options[:rss_output] = File.expand_path(output)
       options
     end
 

@@ -1,0 +1,96 @@
+# frozen_string_literal: true
+
+require_relative "../trend"
+
+module DatadogHeap
+  class CLI
+    # `datadog-heap trend FILES...`: per site, the slope of live bytes over a series of profiles,
+    # how sure, and a verdict (growing sites first). See DatadogHeap::Trend.
+    module TrendCommand
+      private
+
+      def trend_parser(options)
+        OptionParser.new do |p|
+          p.banner = "Usage: datadog-heap trend FILE FILE... [--top N] [--all] [--html OUT.html] [--group KIND] [--app-root DIR]"
+          p.separator ""
+          p.separator "Is it a leak? Fits each site's live bytes over the times of the profiles FILE... (two or"
+          p.separator "more, e.g. the heap-<pid>-<n>.pb.gz that datadog_heap/auto writes every interval) and"
+          p.separator "prints the slope (bytes per minute), the confidence that its sign is right (from the fit"
+          p.separator "and the sampling error) and a verdict: growing, steady or shrinking. Growing sites first."
+          p.separator "A site is growing when the confidence is at least #{(DatadogHeap::Trend::CONFIDENCE * 100).round(1)}% and the fitted growth over"
+          p.separator "the series is at least #{(DatadogHeap::Trend::MIN_RELATIVE_GROWTH * 100).round}% of its mean: sampling noise alone reads steady."
+          p.separator "Sites, --group and --app-root are as in `datadog-heap report`."
+          p.separator ""
+          p.separator "Options:"
+          top_option(p, options)
+          p.on("--all", "list steady sites too (default: growing and shrinking ones, or the top steady ones if none)") do
+            options[:all] = true
+          end
+          p.on("--html OUT", "also write a page with a chart per top site (self-contained, no network)") do |path|
+            raise OptionParser::InvalidArgument, "--html must not be empty" if path.empty?
+
+            options[:html] = path
+          end
+          grouping_options(p, options)
+          common_options(p, options)
+        end
+      end
+
+      def trend_command(argv)
+        options = {top: DEFAULT_TOP}
+        return EXIT_OK if parse(trend_parser(options), argv, options)
+        raise UsageError, "trend needs at least 2 profiles, got #{argv.size}" if argv.size < 2
+
+        profiles = argv.map { |path| load_profile(path) }
+        trends = Profile.trend(profiles, **grouping(options))
+        print_trend(profiles, trends, options)
+        if options[:html]
+          require_relative "../trend_html"
+          path = TrendHtml.write(options[:html], profiles, trends, top: options[:top])
+          @out.puts
+          @out.puts("wrote #{path}")
+        end
+        EXIT_OK
+      end
+
+      def print_trend(profiles, trends, options)
+        times = profiles.map(&:end_time).compact.sort
+        span = times.last - times.first
+        noun = grouping(options)[:group].to_s
+        unit = trends.first&.unit || :bytes
+        growing = trends.count { |t| t.verdict == :growing }
+        shrinking = trends.count { |t| t.verdict == :shrinking }
+        @out.puts("#{profiles.size} profiles over #{duration(span)}: #{plural(trends.size, noun)}, " \
+          "#{growing} growing, #{shrinking} shrinking, #{trends.size - growing - shrinking} steady")
+        @out.puts("(a profile has no sizes: slopes are in live objects per minute)") if unit == :objects
+        return @out.puts("No live objects in these profiles.") if trends.empty?
+
+        shown = options[:all] ? trends : trends.reject { |t| t.verdict == :steady }
+        shown = trends if shown.empty?
+        shown = shown.first(options[:top])
+        @out.puts
+        kind = grouping(options)[:group]
+        rows = shown.map do |t|
+          slope = unit == :bytes ? "#{signed_bytes(t.slope.round)}/min" : format("%+.1f/min", t.slope)
+          first = unit == :bytes ? human_bytes(t.bytes.first) : t.bytes.first.to_s
+          last = unit == :bytes ? human_bytes(t.bytes.last) : t.bytes.last.to_s
+          row = [t.verdict.to_s, slope, format("%.1f%%", t.confidence * 100), first, last]
+          row << (t.class_name || "?") if kind == :site
+          row << t.label
+          row
+        end
+        headers = ["verdict", "slope", "confidence", "first", "last"]
+        headers << "class" if kind == :site
+        headers << noun
+        @out.puts(table(headers, rows, "lrrrr#{"l" if kind == :site}l"))
+      end
+
+      def duration(seconds)
+        return format("%.1f s", seconds) if seconds < 120
+        return format("%.1f min", seconds / 60) if seconds < 7200
+
+        format("%.1f h", seconds / 3600)
+      end
+    end
+  end
+end
