@@ -101,6 +101,7 @@ module DatadogHeap
       options[:rss_output] = File.expand_path(output)
       options
     end
+    private_class_method :check_rss_options
 
     # :countdown or :windowed (see the options above).
     def sampler
