@@ -57,6 +57,15 @@ impl FrameSource for CapturedStack<'_> {
             let (filename, line) = match path {
                 // A C frame: at the caller's location.
                 None => caller_location(&frames[..depth], &lines[..depth], i + 1),
+                // A Ruby frame with no line: the block a `/...#{}.../o` regexp literal runs once,
+                // the top frame of a C extension's Init. At the caller's location too, rather
+                // than at a line 0 that names no site.
+                Some(path) if lines[i] == 0 => {
+                    match caller_location(&frames[..depth], &lines[..depth], i + 1) {
+                        ("", 0) => (string_of(path), 0),
+                        caller => caller,
+                    }
+                }
                 Some(path) => (string_of(path), lines[i]),
             };
             located.push((names.len(), filename, line));
@@ -82,14 +91,19 @@ impl FrameSource for CapturedStack<'_> {
     }
 }
 
-/// Path and line of the nearest Ruby frame at or after `from`.
+/// Path and line of the nearest Ruby frame at or after `from` that has a line; else the path of
+/// the nearest Ruby frame, at line 0; else ("", 0).
 fn caller_location<'a>(frames: &[VALUE], lines: &[i32], from: usize) -> (&'a str, i32) {
+    let mut lineless = None;
     for j in from..frames.len() {
         if let Some(path) = shims::frame_path(frames[j]) {
-            return (string_of(path), lines[j]);
+            if lines[j] != 0 {
+                return (string_of(path), lines[j]);
+            }
+            lineless.get_or_insert(path);
         }
     }
-    ("", 0)
+    lineless.map_or(("", 0), |path| (string_of(path), 0))
 }
 
 /// Borrows the bytes of a Ruby String the VM keeps alive (frame paths and labels, class names)
