@@ -195,9 +195,13 @@ PROGRAMS.each do |name, program|
       r = in_child { measure(program, sample_every, dir) }
       est, truth = r[:est], r[:truth]
       sum = ->(h, i) { h.values.sum { |v| v[i] } }
+      objects_est, objects_true, bytes_est, bytes_true = sum.call(est, 0), sum.call(truth, 0), sum.call(est, 1), sum.call(truth, 1)
+      # Sampling error of the totals: a sample stands for N allocations, so the variance is about
+      # (N - 1) times the objects' count (for objects) or their sum of squared sizes (for bytes).
+      z = ->(e, t, squares) { format("%+.1f", (e - t) / Math.sqrt((sample_every - 1) * squares)) }
       rows << [program[:describe], sample_every,
-        "#{sum.call(est, 0)} / #{sum.call(truth, 0)} (#{signed_percent(sum.call(est, 0), sum.call(truth, 0))})",
-        "#{mega(sum.call(est, 1))} / #{mega(sum.call(truth, 1))} (#{signed_percent(sum.call(est, 1), sum.call(truth, 1))})",
+        "#{objects_est} / #{objects_true} (#{signed_percent(objects_est, objects_true)}, z #{z.call(objects_est, objects_true, objects_true)})",
+        "#{mega(bytes_est)} / #{mega(bytes_true)} (#{signed_percent(bytes_est, bytes_true)}, z #{z.call(bytes_est, bytes_true, sum.call(truth, 2))})",
         "#{(top10(truth, 1) & top10(est, 1)).size} of 10", "#{(top10(truth, 0) & top10(est, 0)).size} of 10",
         format("%.1f s", r[:seconds])]
       top10(truth, 1).each do |loc|

@@ -17,6 +17,14 @@ module LiveBytes
     end
   end
 
+  # Subclasses, so that the sampled specimens have a class of their own in the profile: a plain
+  # Array would also count the arrays that hold them.
+  class Arr < Array; end
+
+  class Hsh < Hash; end
+
+  class Str < String; end
+
   # Ivars set after allocation, more than an embedded object holds.
   class Late
     def fill(n)
@@ -179,9 +187,9 @@ RSpec.describe "live bytes" do
       {
         "LiveBytes::Range3" => Array.new(n) { |i| LiveBytes::Range3.new(i, i, i) },
         "LiveBytes::Late" => Array.new(n) { LiveBytes::Late.new },
-        "Hash" => Array.new(n) { {} },
-        "Array" => Array.new(n) { [] },
-        "String" => Array.new(n) { +"" }
+        "LiveBytes::Hsh" => Array.new(n) { LiveBytes::Hsh.new },
+        "LiveBytes::Arr" => Array.new(n) { LiveBytes::Arr.new },
+        "LiveBytes::Str" => Array.new(n) { LiveBytes::Str.new }
       }
     end
 
@@ -194,9 +202,9 @@ RSpec.describe "live bytes" do
       young_update(@rec)
       bytes_by_class(@rec)
       kept["LiveBytes::Late"].each { |o| o.fill(12) }
-      kept["Hash"].each_with_index { |h, i| (i % 40).times { |k| h[k] = k } }
-      kept["Array"].each_with_index { |a, i| (i % 64).times { |k| a << k } }
-      kept["String"].each_with_index { |s, i| s << ("x" * (i % 300)) }
+      kept["LiveBytes::Hsh"].each_with_index { |h, i| (i % 40).times { |k| h[k] = k } }
+      kept["LiveBytes::Arr"].each_with_index { |a, i| (i % 64).times { |k| a << k } }
+      kept["LiveBytes::Str"].each_with_index { |s, i| s << ("x" * (i % 300)) }
       kept.each_value { |objects| objects.each_slice(2) { |o, _| o.freeze } } # half of each class
       young_update(@rec)
       got = bytes_by_class(@rec)
