@@ -73,3 +73,42 @@ SIZES.each do |n|
 end
 Bench.table(["tracked", "update, all alive", "update, 50% dead", "young update, all old (skipped)",
   "update total, all alive", "setup", "dead found"], rows)
+
+# Full update (issue 27): every record of age >= 1 is looked at, and every one not measured while
+# frozen is measured again, so a profile reports sizes as of the profile. The cost of that
+# measuring: full updates with size_enabled true and false on the same records, alternated
+# round by round; and on frozen objects, which are measured once and then never again. Timed:
+# `each_live_object { break }`, which is the full update plus the snapshot copy (no yielding), in
+# process CPU time.
+FULL_SIZES = Bench.pick([10_000, 100_000], [2_000])
+FULL_ROUNDS = Bench.pick(7, 2)
+
+def full_update_seconds(rec)
+  Bench.cpu_time { rec.each_live_object { break } }
+end
+
+full_rows = []
+FULL_SIZES.each do |n|
+  objects = Array.new(n) { |i| "tracked object #{i} " * (1 + i % 4) }
+  rec, objects, = Bench.tracked_recorder(n, stacks: [STACKS, n].min, depth: 5, objects: objects)
+  frozen = Array.new(n) { |i| ("frozen object #{i} " * (1 + i % 4)).freeze }
+  frozen_rec, frozen, = Bench.tracked_recorder(n, stacks: [STACKS, n].min, depth: 5, objects: frozen)
+  GC.start
+  full_update_seconds(frozen_rec) # measures them all, once
+  results = Bench.alternate(%i[measured unmeasured frozen], FULL_ROUNDS) do |variant|
+    case variant
+    when :frozen then full_update_seconds(frozen_rec)
+    else
+      rec.size_enabled = (variant == :measured)
+      full_update_seconds(rec)
+    end
+  end
+  per = ->(v) { Bench.ns(Bench.median(results[v]) * 1e9 / n) }
+  full_rows << [n, per.call(:measured), per.call(:unmeasured), per.call(:frozen),
+    Bench.ms(Bench.median(results[:measured])), Bench.ratio(Bench.paired_ratio(results, :measured, :unmeasured))]
+  raise "lost objects" unless objects.size == n && frozen.size == n
+end
+puts
+puts "Full update (+ snapshot copy) per record, Strings of 20 to 80 bytes, all alive, #{FULL_ROUNDS} rounds, medians:"
+Bench.table(["tracked", "re-measuring every record", "no measuring (size_enabled: false)",
+  "frozen, measured once before", "total, re-measuring", "re-measuring / none"], full_rows)

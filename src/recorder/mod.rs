@@ -45,8 +45,12 @@ pub struct LiveObjectData {
     pub size: usize,
     /// GCs it has survived, as of the last update.
     pub gen_age: u64,
-    /// Frozen as of the last update: its size cannot change, so it is not measured again.
+    /// Frozen as of the last update that saw it alive.
     pub frozen: bool,
+    /// `size` was measured while the object was frozen: it cannot change any more, so full
+    /// updates do not measure it again. Set only where a size is measured: a young update sees
+    /// frozen objects too, but measures nothing, and its `frozen` must not stop the measuring.
+    pub size_final: bool,
 }
 
 /// A recording waiting for its object to enter the liveness table.
@@ -451,6 +455,7 @@ impl HeapRecorder {
                 size: 0,
                 gen_age: 0,
                 frozen: false,
+                size_final: false,
             },
         });
         Ok(Recorded {

@@ -537,6 +537,48 @@ fn sizes_refresh_until_frozen() {
     assert_eq!(vm.size_measurements, 2);
 }
 
+/// An object frozen before any full update measured it: the young update that sees it first
+/// measures nothing, so the next full update must still measure it (issue 27: frozen objects
+/// reported at size 0); one that grew and froze after a measurement is measured once more.
+#[test]
+fn a_young_update_seeing_frozen_objects_does_not_stop_their_measuring() {
+    let young_update = |rec: &HeapRecorder, vm: &mut FakeVm| {
+        vm.gc();
+        rec.reset_last_update().unwrap();
+        match rec.update(vm, UpdateKind::Young).unwrap() {
+            UpdateOutcome::Done(last) => last,
+            other => panic!("young update did not run: {other:?}"),
+        }
+    };
+    for walk in [false, true] {
+        let rec = HeapRecorder::default();
+        let mut vm = FakeVm::new();
+        vm.walk_enabled = walk;
+        let frozen_early = record(&rec, &mut vm, "a", 1);
+        let frozen_late = record(&rec, &mut vm, "b", 2);
+        rec.commit(&mut vm).unwrap();
+        vm.obj(frozen_early).frozen = true;
+        assert_eq!(young_update(&rec, &mut vm).objects_frozen, 1);
+        full_update(&rec, &mut vm);
+        assert_eq!(vm.size_measurements, 2, "walk={walk}: both measured");
+
+        vm.obj(frozen_late).size = 300;
+        vm.obj(frozen_late).frozen = true;
+        assert_eq!(young_update(&rec, &mut vm).objects_frozen, 2);
+        full_update(&rec, &mut vm);
+        assert_eq!(vm.size_measurements, 3, "walk={walk}: frozen_late again");
+        full_update(&rec, &mut vm);
+        assert_eq!(vm.size_measurements, 3, "walk={walk}: both measured frozen");
+
+        let state = rec.state().unwrap();
+        let data = |id: i64| {
+            let d = state.object_records[&id].data;
+            (d.size, d.frozen)
+        };
+        assert_eq!([data(1), data(2)], [(40, true), (300, true)], "walk={walk}");
+    }
+}
+
 #[test]
 fn size_disabled_never_measures() {
     let rec = HeapRecorder::new(RecorderOptions {

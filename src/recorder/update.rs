@@ -242,14 +242,17 @@ impl HeapRecorder {
     }
 
     /// Whether this update measures a visited record's size: only full updates do, as in the
-    /// reference (a young update only learns which young objects died).
+    /// reference (a young update only learns which young objects died), and each of them
+    /// measures every record again (objects grow and shrink after allocation: a profile reports
+    /// their size at the time of the profile) except those measured while frozen.
     fn measures_size(record: &ObjectRecord, full: bool, size_enabled: bool) -> bool {
-        full && size_enabled && !record.data.frozen
+        full && size_enabled && !record.data.size_final
     }
 
     fn note_alive(record: &mut ObjectRecord, last: &mut LastUpdate, info: LiveInfo) {
         if let Some(size) = info.size {
             record.data.size = size;
+            record.data.size_final = info.frozen;
         }
         record.data.frozen = info.frozen;
         last.objects_alive += 1;

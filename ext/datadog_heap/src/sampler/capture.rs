@@ -72,10 +72,9 @@ impl FrameSource for CapturedStack<'_> {
             let frame = frames[i];
             let path = shims::frame_path(frame);
             namer.write(&mut names, frame, path.is_none());
-            let (filename, line) = match path {
-                // A C frame: at the caller's location.
-                None => caller_location(&frames[..depth], &lines[..depth], i + 1),
-                Some(path) => (string_of(path), lines[i]),
+            let (filename, line) = match self.location(i) {
+                Some((j, line)) => (shims::frame_path(frames[j]).map_or("", string_of), line),
+                None => ("", 0),
             };
             located.push((names.len(), filename, line));
         }
@@ -108,40 +107,52 @@ impl CapturedStack<'_> {
         truncation(depth, self.max_frames, depth >= self.capacity)
     }
 
-    /// The Ruby frame at or after `from` whose file a C frame takes: its index, if any.
-    fn locating_frame(&self, from: usize) -> Option<usize> {
+    /// Where kept frame `i` is: the index of the Ruby frame whose file it takes, and the line.
+    /// A Ruby frame with a line is where it is. A C frame is at its caller's location: the
+    /// nearest outer Ruby frame with a line. So is a Ruby frame without one (the block a
+    /// `/...#{}.../o` regexp literal runs once, the top frame of a C extension's Init), rather
+    /// than at a line 0 that names no site. With no such caller: the nearest Ruby frame (itself,
+    /// for a Ruby frame) at line 0; `None` when there is no Ruby frame at all.
+    fn location(&self, i: usize) -> Option<(usize, i32)> {
         let depth = self.frames.len().min(self.lines.len());
-        (from..depth).find(|&j| shims::frame_path(self.frames[j]).is_some())
+        let is_ruby = |j: usize| shims::frame_path(self.frames[j]).is_some();
+        if is_ruby(i) && self.lines[i] != 0 {
+            return Some((i, self.lines[i]));
+        }
+        let caller = (i + 1..depth).find(|&j| is_ruby(j) && self.lines[j] != 0);
+        match caller {
+            Some(j) => Some((j, self.lines[j])),
+            None if is_ruby(i) => Some((i, 0)),
+            None => (i + 1..depth).find(|&j| is_ruby(j)).map(|j| (j, 0)),
+        }
     }
 }
 
 /// Per-frame keys for the recorder's frame cache (issue 22). A frame's name depends on its
-/// handle alone; its file and line on its handle and line for a Ruby frame, and on the Ruby frame
-/// below it for a C frame (which takes that frame's location): the key holds the locating frame's
-/// handle and line then. The epoch is the stack cache's (see `key`).
+/// handle alone; its file and line on its handle and line for a Ruby frame with a line, and on
+/// the frame it is located at otherwise (see `location`): the key holds that frame's handle and
+/// line then. The epoch is the stack cache's (see `key`).
 impl CapturedStack<'_> {
     pub(crate) fn fill_frame_keys(&self, out: &mut Vec<FrameKey>) -> u64 {
         let (keep, _) = self.kept();
         out.clear();
         for i in 0..keep {
             let handle = self.frames[i];
-            let key = match shims::frame_path(handle) {
-                Some(_) => FrameKey {
+            let key = match self.location(i) {
+                Some((j, line)) if j == i => FrameKey {
                     handle,
                     locator: 0,
-                    line: self.lines[i],
+                    line,
                 },
-                None => match self.locating_frame(i + 1) {
-                    Some(j) => FrameKey {
-                        handle,
-                        locator: self.frames[j],
-                        line: self.lines[j],
-                    },
-                    None => FrameKey {
-                        handle,
-                        locator: 1,
-                        line: 0,
-                    },
+                Some((j, line)) => FrameKey {
+                    handle,
+                    locator: self.frames[j],
+                    line,
+                },
+                None => FrameKey {
+                    handle,
+                    locator: 1,
+                    line: 0,
                 },
             };
             out.push(key);
@@ -160,14 +171,9 @@ impl CapturedStack<'_> {
         let path = shims::frame_path(frame);
         let mut name = String::with_capacity(32);
         frame_names::FrameNamer::default().write(&mut name, frame, path.is_none());
-        let filename = match path {
-            Some(path) => string_of(path),
-            None => match self.locating_frame(i + 1) {
-                Some(j) => shims::frame_path(self.frames[j])
-                    .map(string_of)
-                    .unwrap_or(""),
-                None => "",
-            },
+        let filename = match self.location(i) {
+            Some((j, _)) => shims::frame_path(self.frames[j]).map_or("", string_of),
+            None => "",
         };
         naming.end();
         f(&name, filename)
@@ -176,16 +182,6 @@ impl CapturedStack<'_> {
     pub(crate) fn marker(&self) -> Option<String> {
         self.kept().1
     }
-}
-
-/// Path and line of the nearest Ruby frame at or after `from`.
-fn caller_location<'a>(frames: &[VALUE], lines: &[i32], from: usize) -> (&'a str, i32) {
-    for j in from..frames.len() {
-        if let Some(path) = shims::frame_path(frames[j]) {
-            return (string_of(path), lines[j]);
-        }
-    }
-    ("", 0)
 }
 
 /// Borrows the bytes of a Ruby String the VM keeps alive (frame paths and labels, class names)
