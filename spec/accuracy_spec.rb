@@ -40,8 +40,10 @@ RSpec.describe "countdown estimates", :heavy do
   {1 => 400_000, 2 => 200_000, 8 => 400_000, 64 => 1_600_000, 1024 => 4_000_000}.each do |every, iterations|
     it "is unbiased at sample_every #{every}" do
       kept, estimated, stats = estimate(every, iterations)
-      sigma = Math.sqrt(kept * (every - 1))
-      bound = (every == 1) ? 0.02 * kept : 3 * sigma
+      # Thinned near max_tracked_objects, a record stands for up to every * 2**thinnings.
+      spread = every * 2**stats[:lifetime_thinnings]
+      sigma = Math.sqrt(kept * (spread - 1))
+      bound = (spread == 1) ? 0.02 * kept : [3 * sigma, 0.02 * kept].max
       expect((estimated - kept).abs).to be <= bound,
         "kept #{kept}, estimated #{estimated} (ratio #{(estimated.to_f / kept).round(4)}, sigma #{sigma.round}); " \
         "stats: #{stats.slice(:sampler_samples_recorded, :sampler_skipped_reentrant, :lifetime_recordings_skipped_max_tracked,
@@ -67,5 +69,23 @@ RSpec.describe "countdown estimates", :heavy do
       expect(DatadogHeap::CLI.new(out: out, err: StringIO.new).run(["report", path])).to eq(0)
     end
     expect(out.string).to match(/^Note: datadog_heap: max_tracked_objects \(5000\) was neared/)
+  end
+
+  it "stays unbiased under the overhead budget, which raises the interval (sigma from the weights)" do
+    rec = DatadogHeap::Recorder.new(sample_every: 64)
+    DatadogHeap::Testing._native_set_seed(rec, 0x5eed)
+    rec.start
+    keep = workload(1_600_000)
+    rec.stop
+    GC.start
+    weights = rec.each_live_object.select do |o|
+      _name, path, line = o.locations.first
+      o.class_name == "String" && path == __FILE__ && line == KEEP_LINE
+    end.map(&:weight)
+    # Each sample's weight w stands for w allocations; sum w(w - 1) estimates the variance.
+    sigma = Math.sqrt(weights.sum { |w| w * (w - 1) })
+    estimated = weights.sum
+    expect((estimated - keep.size).abs).to be <= 3 * sigma,
+      "kept #{keep.size}, estimated #{estimated}, sigma #{sigma.round}, #{rec.stats.slice(:sampler_effective_sample_every, :sampler_budget_raises)}"
   end
 end

@@ -39,7 +39,7 @@ RSpec.describe "DatadogHeap::Railtie (Rails #{RAILS_AVAILABLE ? Gem::Specificati
   before(:all) do
     @output = Dir.mktmpdir("railtie_spec")
     @children = {
-      enabled: self.class.boot({enabled: true, sample_every: 64, endpoint: true, output: @output},
+      enabled: self.class.boot({enabled: true, sample_every: 64, max_overhead: nil, endpoint: true, output: @output},
         [["/hello", LOOPBACK], ["/debug/heap", LOOPBACK], ["/debug/heap?report=1&top=5", LOOPBACK], ["/debug/heap", REMOTE]]),
       token_after_fork: self.class.boot({enabled: true, endpoint: true, endpoint_path: "/_heap", endpoint_token: "t0ken",
                                          start_after_fork: true, output: File.join(@output, "after_fork"), interval: 3600},

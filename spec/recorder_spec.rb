@@ -376,11 +376,16 @@ RSpec.describe DatadogHeap::Recorder do
       keep.each { |o| record(r, o) }
       expect(record(r, Object.new)).to be(false)
       expect(r.stats[:lifetime_recordings_skipped_max_tracked]).to eq(1)
+      # The commit thins the records (past fifteen sixteenths of the cap: half dropped, the rest
+      # weighted double) and keeps new recordings one in two: recording goes on.
       r.commit
+      expect(r.stats[:lifetime_thinnings]).to be >= 1
       keep.pop(2)
       full_gc
       r.each_live_object { nil }
-      expect(record(r, keep.first.dup)).to be(true)
+      outcomes = Array.new(40) { record(r, keep.first.dup).tap { r.commit } }
+      expect(outcomes).to include(true)
+      expect(r.stats[:lifetime_recordings_skipped_max_tracked]).to eq(1)
       expect { manual_recorder(max_tracked_objects: 0) }.to raise_error(ArgumentError, /max_tracked_objects .* got 0/)
     end
   end

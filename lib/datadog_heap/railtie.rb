@@ -10,6 +10,7 @@ module DatadogHeap
   #   config.datadog_heap.enabled = true
   #   config.datadog_heap.sample_every = 1024            # mean allocations between samples (nil: the Recorder's)
   #   config.datadog_heap.sampler = :countdown           # or :windowed (nil: the Recorder's)
+  #   config.datadog_heap.max_overhead = 0.01            # the overhead budget (nil: none; see Recorder)
   #   config.datadog_heap.output = Rails.root.join("tmp/heap")  # heap-<pid>-<n>.pb.gz files (nil: none)
   #   config.datadog_heap.interval = 60                  # seconds between two profiles (nil: at exit only)
   #   config.datadog_heap.upload = "agent"               # as DATADOG_HEAP_UPLOAD (nil: no upload)
@@ -28,7 +29,8 @@ module DatadogHeap
   # invalid setting raises ArgumentError or TypeError at boot naming it and its value.
   class Railtie < ::Rails::Railtie
     DEFAULTS = {
-      enabled: false, sample_every: nil, sampler: nil, output: nil, interval: nil, upload: nil,
+      enabled: false, sample_every: nil, sampler: nil, max_overhead: Recorder::DEFAULTS[:max_overhead],
+      output: nil, interval: nil, upload: nil,
       retainers: false, start_after_fork: false,
       endpoint: false, endpoint_path: "/debug/heap", endpoint_token: nil,
     }.freeze
@@ -64,6 +66,7 @@ module DatadogHeap
         %i[enabled retainers start_after_fork endpoint].each { |key| Validate.boolean!(name[key], s[key]) }
         Validate.integer!(name[:sample_every], s[:sample_every], 1, Recorder::U32_MAX) unless s[:sample_every].nil?
         Validate.one_of!(name[:sampler], s[:sampler], Recorder::SAMPLERS) unless s[:sampler].nil?
+        Validate.positive_number!(name[:max_overhead], s[:max_overhead], 1) unless s[:max_overhead].nil?
         s[:output] = Validate.path!(name[:output], s[:output]) unless s[:output].nil?
         Validate.positive_number!(name[:interval], s[:interval], MAX_INTERVAL) unless s[:interval].nil?
         s[:upload] = upload_target(name[:upload], s[:upload]) unless s[:upload].nil?
@@ -114,7 +117,7 @@ module DatadogHeap
           require "datadog_heap/auto_mode"
           @started = Process.pid if DatadogHeap::Auto.setup(auto_env(settings))
         else
-          DatadogHeap.start(**settings.slice(:sample_every, :sampler).compact)
+          DatadogHeap.start(**settings.slice(:sample_every, :sampler).compact, max_overhead: settings[:max_overhead])
           @started = Process.pid
         end
       rescue StandardError, ScriptError, NoMemoryError, SystemStackError => e
@@ -128,6 +131,7 @@ module DatadogHeap
           Auto::ENV_INTERVAL => settings[:interval]&.to_s || "",
           Auto::ENV_SAMPLE_EVERY => settings[:sample_every]&.to_s || "",
           Auto::ENV_SAMPLER => settings[:sampler]&.to_s || "",
+          Auto::ENV_MAX_OVERHEAD => settings[:max_overhead].nil? ? "none" : settings[:max_overhead].to_s,
           Auto::ENV_RETAINERS => settings[:retainers] ? "1" : "",
           Upload::ENV_UPLOAD => settings[:upload] || "",
         )

@@ -776,7 +776,7 @@ fn max_tracked_objects_bounds_pending_plus_committed() {
         rec.stats().unwrap().lifetime.recordings_skipped_max_tracked,
         1
     );
-    // The commit thins them (at three quarters of the cap): room again.
+    // The commit thins them (at fifteen sixteenths of the cap, 3 of 4): room again.
     rec.commit(&mut vm).unwrap();
     let stats = rec.stats().unwrap();
     assert!(stats.lifetime.thinnings >= 1 && stats.thinning >= 2);
@@ -1037,9 +1037,9 @@ fn a_failed_walk_releases_the_lock_and_drops_nothing() {
 
 #[test]
 fn near_max_tracked_objects_a_young_update_walks_to_prune_before_thinning() {
-    // Thinning starts at three quarters of the cap: 22 of 30.
+    // Thinning starts at fifteen sixteenths of the cap: 22 of 24.
     let rec = HeapRecorder::new(RecorderOptions {
-        max_tracked_objects: 30,
+        max_tracked_objects: 24,
         ..RecorderOptions::default()
     });
     let mut vm = FakeVm::new();
@@ -1165,17 +1165,17 @@ fn near_max_tracked_objects_records_are_thinned_and_reweighted_not_skipped() {
         ..RecorderOptions::default()
     });
     let mut vm = FakeVm::new();
-    // 800 live objects of weight 3: past three quarters of the cap.
-    for i in 0..800 {
+    // 950 live objects of weight 3: past fifteen sixteenths of the cap.
+    for i in 0..950 {
         let obj = vm.alloc(40);
         rec.record_allocation(obj, 3, Some("String"), &frames("a", i % 7), vm.gc)
             .unwrap();
-        // 600 committed (under three quarters of the cap), the last 200 left pending.
-        if i % 200 == 199 && i < 600 {
+        // 800 committed (under the threshold), the last 150 left pending.
+        if i % 200 == 199 && i < 800 {
             rec.commit(&mut vm).unwrap();
         }
     }
-    assert_eq!(tracked_weight(&rec), 2400);
+    assert_eq!(tracked_weight(&rec), 2850);
     vm.gc();
     assert!(matches!(
         rec.update(&mut vm, UpdateKind::Young).unwrap(),
@@ -1184,12 +1184,12 @@ fn near_max_tracked_objects_records_are_thinned_and_reweighted_not_skipped() {
     let stats = rec.stats().unwrap();
     assert_eq!((stats.thinning, stats.lifetime.thinnings), (2, 1));
     let kept = stats.num_object_records + stats.pending_recordings_count;
-    assert_eq!(kept + stats.lifetime.records_thinned, 800);
+    assert_eq!(kept + stats.lifetime.records_thinned, 950);
     // Each record survived with probability 1/2 and now weighs double: the total is unbiased
-    // (sigma = 3 * sqrt(800) = 85).
+    // (sigma = 3 * sqrt(950) = 92).
     let total = tracked_weight(&rec);
     assert_eq!(total, kept * 6);
-    assert!(total.abs_diff(2400) <= 4 * 85, "total weight {total}");
+    assert!(total.abs_diff(2850) <= 4 * 92, "total weight {total}");
 
     // New recordings: one in two kept, at double weight.
     let mut outcomes = Vec::new();
@@ -1224,7 +1224,7 @@ fn thinning_is_halved_again_once_few_objects_are_tracked() {
         ..RecorderOptions::default()
     });
     let mut vm = FakeVm::new();
-    let objs: Vec<_> = (0..80).map(|i| record(&rec, &mut vm, "a", i)).collect();
+    let objs: Vec<_> = (0..95).map(|i| record(&rec, &mut vm, "a", i)).collect();
     rec.commit(&mut vm).unwrap();
     vm.gc();
     rec.update(&mut vm, UpdateKind::Full).unwrap();

@@ -22,9 +22,10 @@ const LOOKUPS_PER_WALKED_OBJECT: usize = 4;
 /// machine. Past it, updates look records up one by one.
 pub const WALK_MAX_RECORDS: usize = 300_000;
 
-/// The share of `max_tracked_objects` (numerator, denominator) at which an update thins the
-/// records (see `adjust_thinning`): room is left for the recordings that arrive before the next.
-pub const THIN_AT: (usize, usize) = (3, 4);
+/// The share of `max_tracked_objects` (numerator, denominator) at which commits and updates thin
+/// the records (see `adjust_thinning`): room is left for the recordings that arrive before the
+/// next commit (the pending queue holds 256).
+pub const THIN_AT: (usize, usize) = (15, 16);
 
 /// An update halves the thinning again when fewer than `max_tracked_objects / UNTHIN_BELOW`
 /// objects are tracked.
