@@ -1,5 +1,9 @@
 //! The `ddheap_*` functions `c/heap_recorder_shim.c` calls; cbindgen turns them into
 //! `include/datadog_heap_cabi.h`. All take the GVL unless said otherwise.
+//!
+//! Pointer arguments come from C: each function states what it expects of them, and the shim is
+//! the only caller. Marking them `unsafe extern "C"` would change nothing for a C caller.
+#![allow(clippy::not_unsafe_ptr_arg_deref)]
 
 use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -379,17 +379,13 @@ impl<S: StringTable> HeapRecorder<S> {
     }
 
     fn commit(&self, id: i64, p: PendingRecording) -> Outcome<()> {
-        let duplicate = self.with(|s| {
-            if s.object_records.contains_key(&id) {
-                true
-            } else {
-                s.object_records.insert(
-                    id,
-                    ObjectRecord {
-                        heap_record: p.heap_record.clone(),
-                        data: p.data,
-                    },
-                );
+        let duplicate = self.with(|s| match s.object_records.entry(id) {
+            std::collections::hash_map::Entry::Occupied(_) => true,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(ObjectRecord {
+                    heap_record: p.heap_record.clone(),
+                    data: p.data,
+                });
                 false
             }
         });
