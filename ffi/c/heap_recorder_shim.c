@@ -12,7 +12,6 @@
 
 #include "heap_recorder.h"
 #include "ruby_helpers.h"
-#include "libdatadog_helpers.h"
 #include "time_helpers.h"
 #include "collectors_stack.h"
 #include "datadog_heap_cabi.h"
@@ -20,7 +19,7 @@
 // The header's structs cross the boundary by value: check our Rust mirrors against them.
 _Static_assert(sizeof(live_object_data) == 48, "live_object_data layout changed");
 _Static_assert(sizeof(heap_recorder_iteration_data) == 16 + 48, "heap_recorder_iteration_data layout changed");
-_Static_assert(sizeof(ddog_prof_Location) == 136, "ddog_prof_Location layout changed");
+_Static_assert(sizeof(ddog_prof_Location) == 160, "ddog_prof_Location layout changed");
 
 struct heap_recorder { DdheapRecorder *inner; };
 
@@ -96,6 +95,9 @@ heap_recorder* heap_recorder_new(ddog_prof_ManagedStringStorage string_storage) 
     .gc_count = cb_gc_count, .now_ns = cb_now_ns, .obj_id = cb_obj_id,
     .lookup = cb_lookup, .thread_schedule = cb_thread_schedule,
   };
+  if (!ddheap_layouts_match(sizeof(ddog_prof_Location), sizeof(live_object_data), sizeof(heap_recorder_iteration_data))) {
+    raise_error(rb_eRuntimeError, "datadog_heap: libdatadog/heap_recorder.h struct layouts differ from the ones it was built for");
+  }
   DdheapRecorder *inner = ddheap_new(string_storage, host);
   if (inner == NULL) raise_error(rb_eRuntimeError, "Failed to create heap recorder");
   heap_recorder *recorder = ruby_xcalloc(1, sizeof(heap_recorder));

@@ -346,3 +346,17 @@ pub extern "C" fn ddheap_benchmark_intern(
         })
     })
 }
+
+/// Whether the C side's struct sizes are the ones this library was built for (the shim checks
+/// before creating a recorder, so a libdatadog with another layout fails loudly, not silently).
+#[no_mangle]
+pub extern "C" fn ddheap_layouts_match(
+    location: usize,
+    live_object_data: usize,
+    iteration_data: usize,
+) -> bool {
+    use std::mem::size_of;
+    location == size_of::<crate::types::Location>()
+        && live_object_data == size_of::<LiveObjectData>()
+        && iteration_data == size_of::<IterationData>()
+}

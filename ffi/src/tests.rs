@@ -244,3 +244,11 @@ fn bignum_ids_and_duplicates_fail_without_leaking() {
     let s = r.state_snapshot();
     assert_eq!((s.num_object_records, s.num_heap_records), (1, 1));
 }
+
+#[test]
+fn layouts_match_libdatadog_v40_and_heap_recorder_h() {
+    use std::mem::size_of;
+    assert_eq!(size_of::<Location>(), 160);
+    assert_eq!(size_of::<LiveObjectData>(), 48);
+    assert_eq!(size_of::<IterationData>(), 64);
+}
