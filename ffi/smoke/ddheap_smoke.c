@@ -139,3 +139,9 @@ void Init_ddheap_smoke(void) {
   rb_define_singleton_method(m, "free", s_free, 0);
   rb_define_singleton_method(m, "live_strings", s_live_strings, 0);
 }
+
+// heap_recorder.c (the C recorder, built into the same driver for the side-by-side bench) also
+// uninterns one id at a time.
+ddog_prof_MaybeError ddog_prof_ManagedStringStorage_unintern(ddog_prof_ManagedStringStorage s, ddog_prof_ManagedStringId id) {
+  return ddog_prof_ManagedStringStorage_unintern_all(s, (ddog_prof_Slice_ManagedStringId) {.ptr = &id, .len = 1});
+}
