@@ -4,6 +4,7 @@
 //! through [`DdheapHost`] and the profiler's strings through [`StringTable`].
 
 use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use datadog_heap_core::stats::ewma;
@@ -116,7 +117,6 @@ struct State {
     pending: Vec<PendingRecording>,
     active: Active,
     updating: bool,
-    iterating: bool,
     update_gen: usize,
     update_include_old: bool,
     last_update_ns: i64,
@@ -141,6 +141,9 @@ pub struct HeapRecorder<S: StringTable> {
     strings: S,
     state: UnsafeCell<State>,
     snapshot: UnsafeCell<Snapshot>,
+    /// Whether a snapshot is prepared: an atomic, since the iteration reads it without the GVL
+    /// while sampling threads may be changing `state`.
+    iterating: AtomicBool,
 }
 
 impl<S: StringTable> HeapRecorder<S> {
@@ -157,7 +160,6 @@ impl<S: StringTable> HeapRecorder<S> {
                 pending: Vec::with_capacity(MAX_PENDING_RECORDINGS),
                 active: Active::None,
                 updating: false,
-                iterating: false,
                 update_gen: 0,
                 update_include_old: false,
                 last_update_ns: 0,
@@ -170,6 +172,7 @@ impl<S: StringTable> HeapRecorder<S> {
                 records: Vec::new(),
                 locations: Vec::new(),
             }),
+            iterating: AtomicBool::new(false),
         }
     }
 
@@ -201,7 +204,7 @@ impl<S: StringTable> HeapRecorder<S> {
     }
 
     pub fn after_fork(&self) {
-        if self.with(|s| s.iterating) {
+        if self.iterating.load(Ordering::Acquire) {
             self.finish_iteration_unchecked();
         }
         self.with(|s| s.lifetime = Lifetime::default());
@@ -448,8 +451,9 @@ impl<S: StringTable> HeapRecorder<S> {
         }
         let gc = (self.host.gc_count)();
         let now = (self.host.now_ns)();
+        let iterating = self.iterating.load(Ordering::Acquire);
         let go = self.with(|s| {
-            if s.iterating {
+            if iterating {
                 return false;
             }
             if !full {
@@ -543,7 +547,7 @@ impl<S: StringTable> HeapRecorder<S> {
     }
 
     pub fn prepare_iteration(&self) -> Outcome<()> {
-        if self.with(|s| s.iterating) {
+        if self.iterating.load(Ordering::Acquire) {
             return Err(Failure::Runtime(
                 "New heap recorder iteration prepared without the previous one having been finished."
                     .into(),
@@ -551,7 +555,6 @@ impl<S: StringTable> HeapRecorder<S> {
         }
         self.update(true)?;
         let records: Vec<_> = self.with(|s| {
-            s.iterating = true;
             s.object_records
                 .values()
                 .map(|r| (r.heap_record.clone(), r.data))
@@ -564,11 +567,12 @@ impl<S: StringTable> HeapRecorder<S> {
         snap.records = records;
         snap.locations.clear();
         snap.locations.reserve(deepest);
+        self.iterating.store(true, Ordering::Release);
         Ok(())
     }
 
     pub fn finish_iteration(&self) -> Outcome<()> {
-        if !self.with(|s| s.iterating) {
+        if !self.iterating.load(Ordering::Acquire) {
             return Err(Failure::Runtime(
                 "Heap recorder iteration finished without having been prepared.".into(),
             ));
@@ -582,7 +586,7 @@ impl<S: StringTable> HeapRecorder<S> {
         let snap = unsafe { &mut *self.snapshot.get() };
         snap.records = Vec::new();
         snap.locations = Vec::new();
-        self.with(|s| s.iterating = false);
+        self.iterating.store(false, Ordering::Release);
     }
 
     /// May run without the GVL: reads only the snapshot, calls no VM function, never raises.
@@ -594,7 +598,7 @@ impl<S: StringTable> HeapRecorder<S> {
         // SAFETY: the caller keeps us between prepare and finish and alone; prepare/finish are the
         // only writers of the snapshot.
         let snap = unsafe { &mut *self.snapshot.get() };
-        if !self.iterating_flag() {
+        if !self.iterating.load(Ordering::Acquire) {
             return false;
         }
         let Snapshot { records, locations } = snap;
@@ -620,12 +624,6 @@ impl<S: StringTable> HeapRecorder<S> {
             }
         }
         true
-    }
-
-    fn iterating_flag(&self) -> bool {
-        // SAFETY: a plain read of a bool set under the GVL before the iteration began; the
-        // profiler does not finish the iteration while it runs.
-        unsafe { (*self.state.get()).iterating }
     }
 
     pub fn state_snapshot(&self) -> StateSnapshot {
