@@ -22,6 +22,9 @@ Gem::Specification.new do |spec|
     "README.md", "LICENSE*", "Cargo.toml", "Cargo.lock", "*.gemspec",
     "src/**/*",
     "ext/**/{Cargo.toml,extconf.rb,*.rs}",
+    # ffi/ (the C ABI for Datadog's profiler) is a workspace member: cargo needs its manifest and
+    # sources to load the workspace, though the gem never builds it.
+    "ffi/Cargo.toml", "ffi/src/**/*.rs",
     "lib/**/*.rb",
     "exe/*",
     "sig/**/*.rbs",

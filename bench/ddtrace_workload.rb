@@ -1,0 +1,56 @@
+# frozen_string_literal: true
+
+# The workload bin/ddtrace-check runs under Datadog's profiling extension (as shipped, or with
+# heap_recorder.c replaced by datadog_heap's C ABI). It allocates like a service (strings, arrays,
+# hashes, a retained set that churns) and samples one allocation in SAMPLE_EVERY through the
+# extension's own sampling path (StackRecorder::Testing._native_track_object + Collectors::Stack
+# sampling + the pending-recordings flush), serializing the profile every SERIALIZE_EVERY
+# allocations. Prints seconds with heap profiling off and on, and the ratio: the recorder's cost.
+
+require "datadog/profiling/spec_helper" if ENV["DDTRACE_CHECK_SPEC_HELPER"]
+require "datadog/profiling"
+require "datadog/profiling/stack_recorder"
+
+N = Integer(ENV.fetch("ALLOCATIONS", "2000000"))
+SAMPLE_EVERY = Integer(ENV.fetch("SAMPLE_EVERY", "1000"))
+SERIALIZE_EVERY = Integer(ENV.fetch("SERIALIZE_EVERY", "500000"))
+
+def recorder(heap)
+  Datadog::Profiling::StackRecorder.new(
+    cpu_time_enabled: false, alloc_samples_enabled: true,
+    heap_samples_enabled: heap, heap_size_enabled: heap, heap_sample_every: 1,
+    timeline_enabled: false, heap_clean_after_gc_enabled: true,
+  )
+rescue ArgumentError
+  Datadog::Profiling::StackRecorder.new(
+    alloc_samples_enabled: true, heap_samples_enabled: heap, heap_size_enabled: heap,
+    heap_sample_every: 1, heap_clean_after_gc_enabled: true,
+  )
+end
+
+METRICS = {"alloc-samples" => SAMPLE_EVERY, "heap_sample" => true}.freeze
+LABELS = [["state", "unknown"]].freeze
+
+def run(heap)
+  rec = recorder(heap)
+  retained = []
+  t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  N.times do |i|
+    obj = case i % 3 when 0 then "s#{i}" when 1 then [i, i] else {i => i} end
+    retained[i % 10_000] = obj if i % 7 == 0
+    if i % SAMPLE_EVERY == 0
+      if heap
+        Datadog::Profiling::StackRecorder::Testing._native_track_object(rec, obj, SAMPLE_EVERY, obj.class.name)
+      end
+      Datadog::Profiling::Collectors::Stack::Testing._native_sample(Thread.current, rec, METRICS, LABELS, [])
+      Datadog::Profiling::StackRecorder::Testing._native_finalize_pending_heap_recordings(rec) if heap
+    end
+    rec.serialize if (i + 1) % SERIALIZE_EVERY == 0
+  end
+  Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0
+end
+
+run(true) # warm-up
+off = run(false)
+on = run(true)
+printf("heap off %.3fs  heap on %.3fs  ratio %.4f\n", off, on, on / off)

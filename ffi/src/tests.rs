@@ -1,0 +1,254 @@
+//! The recorder's bookkeeping against a fake VM (thread-local) and a counting string table.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
+
+use crate::recorder::{Failure, HeapRecorder, Outcome, StringTable, MAX_PENDING_RECORDINGS};
+use crate::types::*;
+
+thread_local! {
+    static GC: Cell<usize> = const { Cell::new(0) };
+    static ALIVE: RefCell<HashSet<i64>> = RefCell::new(HashSet::new());
+}
+
+extern "C" fn gc_count() -> usize {
+    GC.with(|g| g.get())
+}
+extern "C" fn now_ns() -> i64 {
+    0
+}
+/// The object "VALUE" is its id; ids above 1<<62 play bignums.
+extern "C" fn obj_id(obj: usize, out: *mut i64) -> i32 {
+    if obj > 1 << 62 {
+        return -1;
+    }
+    // SAFETY: the recorder passes a pointer to a local i64.
+    unsafe { *out = obj as i64 };
+    0
+}
+extern "C" fn lookup(id: i64, measure: bool, size: *mut usize, frozen: *mut bool) -> i32 {
+    if ALIVE.with(|a| a.borrow().contains(&id)) {
+        if measure {
+            // SAFETY: the recorder passes pointers to locals.
+            unsafe {
+                *size = 40;
+                *frozen = false;
+            }
+        }
+        LOOKUP_ALIVE
+    } else {
+        LOOKUP_DEAD
+    }
+}
+extern "C" fn thread_schedule() -> i32 {
+    0
+}
+
+fn host() -> DdheapHost {
+    DdheapHost {
+        gc_count,
+        now_ns,
+        obj_id,
+        lookup,
+        thread_schedule,
+    }
+}
+
+/// Interns by content and counts references, like ManagedStringStorage.
+#[derive(Default)]
+struct Counting {
+    ids: RefCell<HashMap<Vec<u8>, (u32, u32)>>,
+}
+
+impl Counting {
+    fn live(&self) -> usize {
+        self.ids.borrow().values().filter(|(_, n)| *n > 0).count()
+    }
+}
+
+impl StringTable for Counting {
+    fn intern(&self, s: CharSlice) -> Outcome<ManagedStringId> {
+        // SAFETY: tests pass static strings.
+        let b = unsafe { s.bytes() }.to_vec();
+        if b.is_empty() {
+            return Ok(ManagedStringId::default());
+        }
+        let mut ids = self.ids.borrow_mut();
+        let next = ids.len() as u32 + 1;
+        let e = ids.entry(b).or_insert((next, 0));
+        e.1 += 1;
+        Ok(ManagedStringId { value: e.0 })
+    }
+    fn intern_all(&self, s: &[CharSlice], out: &mut [ManagedStringId]) -> Outcome<()> {
+        for (i, o) in s.iter().zip(out.iter_mut()) {
+            *o = self.intern(*i)?;
+        }
+        Ok(())
+    }
+    fn unintern_all(&self, ids: &[ManagedStringId]) -> Outcome<()> {
+        let mut map = self.ids.borrow_mut();
+        for id in ids.iter().filter(|i| i.value != 0) {
+            let e = map.values_mut().find(|(v, _)| *v == id.value);
+            match e {
+                Some(e) if e.1 > 0 => e.1 -= 1,
+                _ => return Err(Failure::Runtime(format!("unknown id {}", id.value))),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn cs(s: &'static str) -> CharSlice {
+    CharSlice {
+        ptr: s.as_ptr().cast(),
+        len: s.len(),
+    }
+}
+
+fn loc(name: &'static str, file: &'static str, line: i64) -> Location {
+    let mut l = Location::by_ids(ManagedStringId::default(), ManagedStringId::default(), 0);
+    l.function.name = cs(name);
+    l.function.filename = cs(file);
+    l.line = line;
+    l
+}
+
+fn record(r: &HeapRecorder<Counting>, obj: usize, stack: &[Location]) {
+    r.start_recording(obj, 1, cs("String"));
+    r.end_recording(stack).unwrap();
+}
+
+fn live(r: &HeapRecorder<Counting>) -> Vec<(u32, usize, i64)> {
+    r.prepare_iteration().unwrap();
+    let mut out = Vec::new();
+    // SAFETY: between prepare and finish, one thread.
+    assert!(unsafe {
+        r.for_each_live_object(|d| {
+            // Inside the outer unsafe block: the recorder hands `len` locations valid during the callback.
+            let l = std::slice::from_raw_parts(d.locations.ptr, d.locations.len);
+            out.push((d.object_data.weight, d.object_data.size, l[0].line));
+            true
+        })
+    });
+    r.finish_iteration().unwrap();
+    out.sort();
+    out
+}
+
+#[test]
+fn records_dedups_ages_and_drops_dead_objects() {
+    GC.with(|g| g.set(10));
+    ALIVE.with(|a| a.borrow_mut().extend([1, 2, 3]));
+    let r = HeapRecorder::new(host(), Counting::default());
+    let stack = [loc("foo", "a.rb", 1), loc("main", "a.rb", 9)];
+    assert!(
+        r.start_recording(1, 1, cs("String")),
+        "first pending asks for after_allocation"
+    );
+    r.end_recording(&stack).unwrap();
+    record(&r, 2, &stack);
+    record(&r, 3, &[loc("bar", "b.rb", 2)]);
+    let s = r.state_snapshot();
+    assert_eq!(
+        (
+            s.pending_recordings_count,
+            s.num_heap_records,
+            s.num_object_records
+        ),
+        (3, 2, 0)
+    );
+    r.finalize_pending_recordings().unwrap();
+    assert!(r.is_object_recorded(2));
+    assert_eq!(r.state_snapshot().num_object_records, 3);
+    // Same GC generation: age 0, nothing iterated.
+    assert!(live(&r).is_empty());
+    GC.with(|g| g.set(11));
+    ALIVE.with(|a| a.borrow_mut().remove(&3));
+    assert_eq!(live(&r), vec![(1, 40, 1), (1, 40, 1)]);
+    let s = r.state_snapshot();
+    assert_eq!((s.num_object_records, s.num_heap_records), (2, 1));
+    assert_eq!(
+        (s.last_update.objects_alive, s.last_update.objects_dead),
+        (2, 1)
+    );
+    // foo, a.rb, main + one String per live object.
+    assert_eq!(r.strings().live(), 4);
+    ALIVE.with(|a| a.borrow_mut().clear());
+    assert!(live(&r).is_empty());
+    assert_eq!(
+        r.strings().live(),
+        0,
+        "every id uninterned once its objects died"
+    );
+}
+
+#[test]
+fn sample_rate_skips_and_weights() {
+    GC.with(|g| g.set(0));
+    let r = HeapRecorder::new(host(), Counting::default());
+    assert!(matches!(r.set_sample_rate(0), Err(Failure::Argument(_))));
+    r.set_sample_rate(3).unwrap();
+    for obj in 100..106 {
+        record(&r, obj, &[loc("x", "x.rb", 1)]);
+    }
+    r.finalize_pending_recordings().unwrap();
+    assert_eq!(r.state_snapshot().num_object_records, 2);
+    ALIVE.with(|a| a.borrow_mut().extend(100..106));
+    GC.with(|g| g.set(1));
+    assert!(live(&r).iter().all(|(w, _, _)| *w == 3));
+}
+
+#[test]
+fn end_without_start_fails_and_pending_queue_is_bounded() {
+    let r = HeapRecorder::new(host(), Counting::default());
+    assert!(matches!(r.end_recording(&[]), Err(Failure::Runtime(_))));
+    for obj in 0..MAX_PENDING_RECORDINGS + 5 {
+        record(&r, 1000 + obj, &[loc("x", "x.rb", 1)]);
+    }
+    let s = r.state_snapshot();
+    assert_eq!(s.pending_recordings_count, MAX_PENDING_RECORDINGS);
+    assert_eq!(s.lifetime.deferred_recordings_skipped_buffer_full, 5);
+    let mut marked = 0;
+    r.for_each_pending_object(|_| marked += 1);
+    assert_eq!(marked, MAX_PENDING_RECORDINGS);
+}
+
+#[test]
+fn iteration_protocol_errors_like_the_reference() {
+    let r = HeapRecorder::new(host(), Counting::default());
+    assert!(matches!(r.finish_iteration(), Err(Failure::Runtime(_))));
+    // SAFETY: single thread.
+    assert!(
+        !unsafe { r.for_each_live_object(|_| true) },
+        "no iteration prepared"
+    );
+    r.prepare_iteration().unwrap();
+    assert!(matches!(r.prepare_iteration(), Err(Failure::Runtime(_))));
+    r.finish_iteration().unwrap();
+}
+
+#[test]
+fn bignum_ids_and_duplicates_fail_without_leaking() {
+    let r = HeapRecorder::new(host(), Counting::default());
+    record(&r, (1 << 62) + 1, &[loc("x", "x.rb", 1)]);
+    assert!(matches!(
+        r.finalize_pending_recordings(),
+        Err(Failure::Runtime(_))
+    ));
+    record(&r, 7, &[loc("x", "x.rb", 1)]);
+    record(&r, 7, &[loc("x", "x.rb", 1)]);
+    assert!(matches!(
+        r.finalize_pending_recordings(),
+        Err(Failure::Runtime(_))
+    ));
+    let s = r.state_snapshot();
+    assert_eq!((s.num_object_records, s.num_heap_records), (1, 1));
+}
+
+#[test]
+fn layouts_match_libdatadog_v40_and_heap_recorder_h() {
+    use std::mem::size_of;
+    assert_eq!(size_of::<Location>(), 160);
+    assert_eq!(size_of::<LiveObjectData>(), 48);
+    assert_eq!(size_of::<IterationData>(), 64);
+}
