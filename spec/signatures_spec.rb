@@ -33,9 +33,12 @@ RSpec.describe "sig/datadog_heap.rbs" do
     decls.each { |d| walk.call(d, "") }
   end
 
-  # Public methods defined by the gem itself (not Object's, not `_native_` ones).
+  # Public methods defined by the gem itself (not Object's, not `_native_` ones), including those
+  # of the gem's own modules prepended to the class (Recorder's RssLimit).
   def own_public(owner, kind)
-    methods = kind == :singleton ? owner.singleton_class.public_instance_methods(false) : owner.public_instance_methods(false)
+    target = kind == :singleton ? owner.singleton_class : owner
+    prepended = target.ancestors.take_while { |m| m != target }.select { |m| m.name.to_s.start_with?("DatadogHeap::") }
+    methods = target.public_instance_methods(false) + prepended.flat_map { |m| m.public_instance_methods(false) }
     methods.reject { |m| m.to_s.start_with?("_native_") }
   end
 
