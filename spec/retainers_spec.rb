@@ -384,7 +384,7 @@ RSpec.describe "DatadogHeap::Recorder#retainers" do
     writer.close
     outcome = Marshal.load(reader.read) # rubocop:disable Security/MarshalLoad
     Process.wait(pid)
-    expect(outcome[0]).to eq(:ok), outcome[1]
+    expect(outcome[0]).to eq(:ok), outcome[1].to_s
     expect(outcome[1]).to eq(alive: 10_000)
   end
 end
