@@ -88,16 +88,18 @@ RSpec.describe "GC compaction", :stress do
     expect(strings).to be_within(0.25 * kept).of(kept)
     expect([hook_errors, disabled]).to eq([0, nil])
   end
-  it "moves a running recorder only the runtime refers to, which still commits and profiles" do
+  it "moves a running recorder held only by an Array, which still commits and profiles" do
     result = in_child(90) do |progress|
-      DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 5).start # referenced by nothing of ours from here on
+      # Held by a heap object, not the stack, so compaction may move it (the runtime does not
+      # hold recorders: one nothing refers to is collected).
+      holder = [DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 5, max_overhead: nil).tap(&:start)]
       keep = []
       6.times do |round|
         1_000.times { |i| keep << "c#{i}" }
         round.even? ? GC.compact : verify_compaction
         progress.call("round #{round}")
       end
-      rec = ObjectSpace.each_object(DatadogHeap::Recorder).find(&:running?)
+      rec = holder.first
       rec.stop
       rec.commit
       full_gc
