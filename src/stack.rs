@@ -113,11 +113,7 @@ impl HeapRecords {
             // The existing record already holds its own references; give back ours first, so a
             // count overflow below leaves the storage as it was.
             release_ids(strings, &self.scratch);
-            let next = count
-                .get()
-                .checked_add(1)
-                .ok_or(HeapError::TooManyObjectsForStack { count: count.get() })?;
-            count.set(next);
+            add_object(count)?;
             return Ok(stack.clone());
         }
 
@@ -171,11 +167,7 @@ impl HeapRecords {
             if let Some(name) = marker {
                 strings.unintern(name)?;
             }
-            let next = count
-                .get()
-                .checked_add(1)
-                .ok_or(HeapError::TooManyObjectsForStack { count: count.get() })?;
-            count.set(next);
+            add_object(count)?;
             return Ok(stack.clone());
         }
         // A new record: its own reference on each id the cache lent (the marker has one).
@@ -389,4 +381,14 @@ mod tests {
         assert!(matches!(err, HeapError::TooManyObjectsForStack { .. }));
         assert_eq!(records.count(&s), u32::MAX);
     }
+}
+
+/// One more object on a heap record: an error, with the count unchanged, past `u32::MAX`.
+fn add_object(count: &Cell<u32>) -> Result<()> {
+    let next = count
+        .get()
+        .checked_add(1)
+        .ok_or(HeapError::TooManyObjectsForStack { count: count.get() })?;
+    count.set(next);
+    Ok(())
 }

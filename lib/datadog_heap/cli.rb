@@ -495,24 +495,30 @@ module DatadogHeap
       end.join("\n")
     end
 
-    UNITS = %w[B KiB MiB GiB TiB].freeze
+    # Byte counts as people read them ("1.5 MiB"), for the CLI's tables and `trend --html`.
+    module Bytes
+      UNITS = %w[B KiB MiB GiB TiB].freeze
 
-    def human_bytes(bytes)
-      return "-" if bytes.nil?
+      module_function
 
-      value = bytes.abs.to_f
-      unit = 0
-      while value >= 1024 && unit < UNITS.size - 1
-        value /= 1024
-        unit += 1
+      def human_bytes(bytes)
+        return "-" if bytes.nil?
+
+        value = bytes.abs.to_f
+        unit = 0
+        while value >= 1024 && unit < UNITS.size - 1
+          value /= 1024
+          unit += 1
+        end
+        text = unit.zero? ? "#{value.round} B" : format("%.1f %s", value, UNITS[unit])
+        bytes.negative? ? "-#{text}" : text
       end
-      text = unit.zero? ? "#{value.to_i} B" : format("%.1f %s", value, UNITS[unit])
-      bytes.negative? ? "-#{text}" : text
-    end
 
-    def signed_bytes(bytes)
-      bytes.negative? ? human_bytes(bytes) : "+#{human_bytes(bytes)}"
+      def signed_bytes(bytes)
+        bytes.negative? ? human_bytes(bytes) : "+#{human_bytes(bytes)}"
+      end
     end
+    include Bytes
 
     def signed(n)
       n.negative? ? n.to_s : "+#{n}"

@@ -14,7 +14,6 @@ module DatadogHeap
     PAD_TOP = 14
     PAD_BOTTOM = 30
     COLORS = {growing: "#c62828", steady: "#546e7a", shrinking: "#2e7d32"}.freeze
-    UNITS = %w[B KiB MiB GiB TiB].freeze
 
     module_function
 
@@ -133,18 +132,11 @@ module DatadogHeap
     end
 
     def human(bytes)
-      value = bytes.abs.to_f
-      unit = 0
-      while value >= 1024 && unit < UNITS.size - 1
-        value /= 1024
-        unit += 1
-      end
-      text = unit.zero? ? "#{value.round} B" : format("%.1f %s", value, UNITS[unit])
-      bytes.negative? ? "-#{text}" : text
+      CLI::Bytes.human_bytes(bytes)
     end
 
     def signed_bytes(bytes)
-      bytes.negative? ? human(bytes) : "+#{human(bytes)}"
+      CLI::Bytes.signed_bytes(bytes)
     end
   end
 end

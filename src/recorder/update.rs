@@ -27,6 +27,11 @@ pub const WALK_MAX_RECORDS: usize = 300_000;
 /// next commit (the pending queue holds 256).
 pub const THIN_AT: (usize, usize) = (15, 16);
 
+/// How many tracked objects make `cap` thin its records (see [`THIN_AT`]).
+fn thin_threshold(cap: usize) -> usize {
+    cap.saturating_mul(THIN_AT.0) / THIN_AT.1
+}
+
 /// An update halves the thinning again when fewer than `max_tracked_objects / UNTHIN_BELOW`
 /// objects are tracked.
 pub const UNTHIN_BELOW: usize = 8;
@@ -92,7 +97,7 @@ impl HeapRecorder {
             // Near the cap the dead are pruned (and the rest thinned) at every GC: waiting out
             // the interval would skip recordings meanwhile.
             let near_cap = state.object_records.len() + pending
-                >= (state.options.max_tracked_objects).saturating_mul(THIN_AT.0) / THIN_AT.1;
+                >= thin_threshold(state.options.max_tracked_objects);
             if !full {
                 if gc == state.update_gen {
                     state.lifetime.updates_skipped_gcgen += 1;
@@ -187,7 +192,7 @@ impl HeapRecorder {
         let mut pending = self.pending()?;
         let cap = state.options.max_tracked_objects;
         let tracked = state.object_records.len() + pending.len();
-        if tracked >= cap.saturating_mul(THIN_AT.0) / THIN_AT.1 && state.thinning < MAX_THINNING {
+        if tracked >= thin_threshold(cap) && state.thinning < MAX_THINNING {
             let ids: Vec<i64> = state.object_records.keys().copied().collect();
             let mut dropped = 0;
             for id in ids {
