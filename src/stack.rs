@@ -273,6 +273,16 @@ fn release_ids(strings: &mut Batch<'_>, frames: &[Frame]) {
     let _ = strings.unintern_all(frames.iter().flat_map(|f| [f.name, f.filename]));
 }
 
+/// One more object on a heap record: an error, with the count unchanged, past `u32::MAX`.
+fn add_object(count: &Cell<u32>) -> Result<()> {
+    let next = count
+        .get()
+        .checked_add(1)
+        .ok_or(HeapError::TooManyObjectsForStack { count: count.get() })?;
+    count.set(next);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,14 +391,4 @@ mod tests {
         assert!(matches!(err, HeapError::TooManyObjectsForStack { .. }));
         assert_eq!(records.count(&s), u32::MAX);
     }
-}
-
-/// One more object on a heap record: an error, with the count unchanged, past `u32::MAX`.
-fn add_object(count: &Cell<u32>) -> Result<()> {
-    let next = count
-        .get()
-        .checked_add(1)
-        .ok_or(HeapError::TooManyObjectsForStack { count: count.get() })?;
-    count.set(next);
-    Ok(())
 }
