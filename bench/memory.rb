@@ -23,7 +23,7 @@ def child_main(kind, n, depth)
   stacks = kind == "objects" ? 100 : n
   # Build the stacks before measuring too: they are the program's, not the recorder's.
   stack_list = Array.new(stacks) { |s| Bench.synthetic_stack(depth, s) }
-  rec = DatadogHeap::Recorder.new(sample_every: 1, max_tracked_objects: n, max_overhead: nil)
+  rec = DatadogHeap::Recorder.new(sample_every: 1, max_tracked_objects: Bench::NO_CAP, max_overhead: nil)
   DatadogHeap::Testing._native_set_postponed_commits(rec, false)
   wm = ObjectSpace.reachable_objects_from(rec).find { |o| o.is_a?(ObjectSpace::WeakMap) }
   3.times { GC.start }

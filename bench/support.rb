@@ -205,7 +205,7 @@ module Bench
   # commits so the counts are exact. Commits run in batches of the pending queue's size.
   # Returns [recorder, objects, GC count when they were recorded].
   def tracked_recorder(count, stacks:, depth: 20, size_enabled: true, objects: nil)
-    rec = DatadogHeap::Recorder.new(sample_every: 1, size_enabled: size_enabled, max_tracked_objects: [count, 1].max, max_overhead: nil)
+    rec = DatadogHeap::Recorder.new(sample_every: 1, size_enabled: size_enabled, max_tracked_objects: NO_CAP, max_overhead: nil)
     DatadogHeap::Testing._native_set_postponed_commits(rec, false)
     stack_list = Array.new(stacks) { |s| synthetic_stack(depth, s) }
     objects ||= Array.new(count) { |i| "tracked object #{i}" }
