@@ -46,10 +46,12 @@ module DatadogHeap
     end
   end
 
-  # The window timer of the windowed sampler on Rubies before 3.3, where a native thread cannot
-  # ask the VM for a postponed job (see ext/datadog_heap/src/runtime/windows.rs): a Ruby thread
-  # that sleeps an exponential time (mean 1 / rate), then runs one tick, until no windowed
-  # recorder runs. Started, retuned and stopped by the extension; one per process.
+  # The window timer of the windowed sampler where the native one is not used (Ruby 3.3.0 with M:N
+  # threads, no free real-time signal before 3.3, or DATADOG_HEAP_WINDOW_TIMER=ruby; see
+  # ext/datadog_heap/src/runtime/windows.rs): a Ruby thread that sleeps an exponential time (mean
+  # 1 / rate), then runs one tick, until no windowed recorder runs. Next to a CPU-bound thread it
+  # gets the GVL back only every 100 ms. Started, retuned and stopped by the extension; one per
+  # process.
   module WindowTimer
     @thread = nil
     @rate = nil
@@ -136,7 +138,9 @@ rescue LoadError
   end
 end
 
-unless DatadogHeap.native_window_timer_safe?
+if ENV["DATADOG_HEAP_WINDOW_TIMER"] == "ruby"
+  DatadogHeap._native_use_ruby_timer(true)
+elsif !DatadogHeap.native_window_timer_safe?
   DatadogHeap._native_use_ruby_timer(true)
   warn "datadog_heap: Ruby 3.3.0 with RUBY_MN_THREADS=1 has bug #20016 (a postponed job triggered from a " \
     "native thread crashes the VM); the windowed sampler's timer is a Ruby thread here (fixed in 3.3.1)"

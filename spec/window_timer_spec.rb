@@ -2,9 +2,9 @@
 
 require "spec_helper"
 
-# The Ruby timer thread of windowed sampling (Ruby < 3.3; the module exists on every Ruby, so this
-# runs everywhere with the native tick stood in for). A tick runs Ruby code (young updates),
-# where other threads may stop the timer and start another.
+# The Ruby timer thread of windowed sampling, where the native one is not used (the module exists
+# on every Ruby, so this runs everywhere with the native tick stood in for). A tick runs Ruby code
+# (young updates), where other threads may stop the timer and start another.
 RSpec.describe DatadogHeap::WindowTimer do
   def timer_threads
     Thread.list.select { |t| t.name == "datadog_heap window timer" && t.alive? }
@@ -71,5 +71,42 @@ RSpec.describe "DatadogHeap.native_window_timer_safe?" do
     RUBY
     native, threads, opened = Marshal.load(result) # rubocop:disable Security/MarshalLoad
     expect([native, threads, opened]).to eq([false, 1, true])
+  end
+
+  # Before 3.3 the native timer thread cannot ask for the job itself: it signals the Ruby thread
+  # last seen running (see windows.rs). A Ruby thread doing the sleeping gets the GVL back from a
+  # CPU-bound thread only every 100 ms (about 10 windows a second); the signal reaches the thread
+  # that holds it. Counts in a fork too, where the threads seen were the parent's.
+  it "opens windows at the asked rate next to a CPU-bound thread, also in a forked child", :heavy do
+    script = <<~RUBY
+      def windows_next_to_a_busy_thread
+        rec = DatadogHeap::Recorder.new(sampler: :windowed, windows_per_second: 200, max_overhead: nil)
+        rec.start
+        stop = false
+        busy = Thread.new { x = nil; x = "x" * 8 until stop }
+        sleep 2
+        stop = true
+        busy.join
+        result = [rec.stats[:sampler_windows_opened], Thread.list.count { |t| t.name == "datadog_heap window timer" }]
+        rec.stop
+        result
+      end
+      parent = windows_next_to_a_busy_thread
+      reader, writer = IO.pipe
+      pid = fork { writer.write(Marshal.dump(windows_next_to_a_busy_thread)); writer.close }
+      writer.close
+      child = Marshal.load(reader.read) # rubocop:disable Security/MarshalLoad
+      Process.wait(pid)
+      print Marshal.dump([DatadogHeap._native_native_window_timer, parent, child])
+    RUBY
+    run = ->(env) { IO.popen(env, [RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-rdatadog_heap", "-e", script], &:read) }
+    native, parent, child = Marshal.load(run.call({})) # rubocop:disable Security/MarshalLoad
+    expect(native).to be(true)
+    # 400 asked in 2 s; the Ruby thread's ceiling is about 20.
+    expect(parent).to match([be >= 100, 0])
+    expect(child).to match([be >= 100, 0])
+    native, parent, = Marshal.load(run.call({"DATADOG_HEAP_WINDOW_TIMER" => "ruby"})) # rubocop:disable Security/MarshalLoad
+    expect(native).to be(false)
+    expect(parent).to match([be < 100, 1])
   end
 end

@@ -55,17 +55,20 @@ pub fn request_young_update() {
     register(young_update_job);
 }
 
-/// Asks the VM to run the window job soon (Ruby >= 3.3). Safe from any thread, a non-Ruby one
-/// included (see `windows`).
-#[cfg(ruby_gte_3_3)]
+/// Asks the VM to run the window job soon. Ruby >= 3.3: safe from any thread, a non-Ruby one
+/// included. Ruby < 3.3: from a Ruby thread only (the timer's signal handler runs on one; see
+/// `windows`), and the job runs when that thread next holds the GVL.
 pub fn request_window() {
+    #[cfg(ruby_gte_3_3)]
     trigger(&handles::WINDOW);
+    #[cfg(not(ruby_gte_3_3))]
+    register(window_job);
 }
 
 /// The window job: one tick of the window timer (see `windows`). Never raises.
-#[cfg(ruby_gte_3_3)]
 extern "C" fn window_job(_data: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
+        super::windows::tick_served();
         if let Ok(ruby) = Ruby::get() {
             super::windows::tick(&ruby);
         }
@@ -104,6 +107,7 @@ extern "C" fn commit_job(_data: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         let Ok(ruby) = Ruby::get() else { return };
         let _busy = BusyGuard::enter();
+        super::windows::seen_running();
         let probe = stage_costs::start(Stage::Commit);
         for_each(&ruby, Session::needs_job, |ruby, session| {
             session.commit_from_job(ruby);

@@ -3,17 +3,21 @@
 //! then a window for each windowed session (each keeps a tick with probability its own rate over
 //! the timer's, so each gets its own Poisson stream of windows), then the hooks set to match.
 //!
-//! The timer:
-//! - Ruby >= 3.3: a native thread that never touches the VM. It sleeps an exponential time with
-//!   mean 1 / rate, then triggers the window job with `rb_postponed_job_trigger`, which is safe
-//!   from a thread that is not a Ruby thread: vm_trace.c finds no execution context there and
-//!   flags the main Ractor's running one instead.
+//! The timer is a native thread that never touches the VM. It sleeps an exponential time with
+//! mean 1 / rate, then asks for the window job:
+//! - Ruby >= 3.3: with `rb_postponed_job_trigger`, which is safe from a thread that is not a Ruby
+//!   thread: vm_trace.c finds no execution context there and flags the main Ractor's running one.
 //! - Ruby < 3.3: `rb_postponed_job_register_one` reads the caller's execution context, which a
-//!   non-Ruby thread does not have (vm_trace.c of 3.1 and 3.2 dereferences it), so a native
-//!   thread cannot ask for a job there. A Ruby thread does the sleeping instead
-//!   (`DatadogHeap::WindowTimer` in lib/datadog_heap.rb): `sleep` releases the GVL, and the tick
-//!   runs in that thread once it has the GVL back. Ruby 3.3.0 with M:N threads gets the Ruby
-//!   thread too (see `use_ruby_thread`).
+//!   non-Ruby thread does not have (vm_trace.c of 3.1 and 3.2 dereferences it), and flags that
+//!   context only, so the job runs when that thread next holds the GVL. The timer thread therefore
+//!   sends a real-time signal (`shims::signal`) to the Ruby thread last seen running (the one
+//!   that ran the previous tick or commit job), whose handler registers the job; if that thread
+//!   did not run the previous request (it blocked meanwhile), the next signal goes to every
+//!   thread seen recently and the main thread. A Ruby thread that sleeps would reach only about
+//!   10 ticks a second next to a CPU-bound thread, which gives up the GVL every 100 ms.
+//! - A Ruby thread (`DatadogHeap::WindowTimer` in lib/datadog_heap.rb) does the sleeping instead
+//!   on Ruby 3.3.0 with M:N threads (see `use_ruby_thread`), when no real-time signal is free,
+//!   and with `DATADOG_HEAP_WINDOW_TIMER=ruby`.
 //!
 //! Everything here needs the GVL except the native timer thread's loop.
 
@@ -84,7 +88,6 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
 
 /// Draws the time to the next tick: exponential with mean 1 / `rate`, in nanoseconds, at least
 /// 10 µs and at most 10 s.
-#[cfg(ruby_gte_3_3)]
 pub fn next_delay_ns(rate: f64) -> u64 {
     let u = 1.0 - uniform(); // (0, 1]
     let mean = 1e9 / rate.max(1e-3);
@@ -95,22 +98,42 @@ pub fn next_delay_ns(rate: f64) -> u64 {
 static RUBY_THREAD_FORCED: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
-/// Makes the timer a Ruby thread even on Ruby >= 3.3: lib/datadog_heap.rb asks for it on 3.3.0
-/// with `RUBY_MN_THREADS=1`, where `rb_postponed_job_trigger` from a native thread crashes the
-/// VM (Ruby bug #20016, fixed in 3.3.1). Called once at load, before any timer starts.
+/// Makes the timer a Ruby thread: lib/datadog_heap.rb asks for it on 3.3.0 with
+/// `RUBY_MN_THREADS=1`, where `rb_postponed_job_trigger` from a native thread crashes the VM
+/// (Ruby bug #20016, fixed in 3.3.1), and with `DATADOG_HEAP_WINDOW_TIMER=ruby`. Called once at
+/// load, before any timer starts.
 pub fn use_ruby_thread(forced: bool) {
     RUBY_THREAD_FORCED.store(forced, Ordering::Relaxed);
 }
 
-/// Whether the timer is the native thread (else the Ruby one).
+/// Whether the timer is the native thread (else the Ruby one). Before 3.3 the first call
+/// installs the timer's signal handler; without a free signal the timer is the Ruby thread.
 pub fn native_timer() -> bool {
-    cfg!(ruby_gte_3_3) && !RUBY_THREAD_FORCED.load(Ordering::Relaxed)
+    if RUBY_THREAD_FORCED.load(Ordering::Relaxed) {
+        return false;
+    }
+    #[cfg(ruby_gte_3_3)]
+    return true;
+    #[cfg(not(ruby_gte_3_3))]
+    return signalled::ready();
+}
+
+/// The window job started: the request the timer made was served (see `signalled`).
+pub fn tick_served() {
+    #[cfg(not(ruby_gte_3_3))]
+    signalled::served();
+}
+
+/// This thread holds the GVL now (a job runs on it): where the timer's next signal goes. GVL held.
+pub fn seen_running() {
+    #[cfg(not(ruby_gte_3_3))]
+    signalled::seen_running();
 }
 
 /// Starts the timer at `rate`, changes its rate, or (`None`) stops it.
 pub fn set_rate(rate: Option<f64>) {
-    #[cfg(ruby_gte_3_3)]
     if native_timer() {
+        seen_running();
         return native::set_rate(rate);
     }
     ruby_thread::set_rate(rate)
@@ -118,8 +141,9 @@ pub fn set_rate(rate: Option<f64>) {
 
 /// In a forked child (see each timer's own).
 pub fn after_fork() {
-    #[cfg(ruby_gte_3_3)]
     if native_timer() {
+        #[cfg(not(ruby_gte_3_3))]
+        signalled::after_fork();
         return native::after_fork();
     }
     ruby_thread::after_fork()
@@ -127,14 +151,109 @@ pub fn after_fork() {
 
 /// Stops the timer for good (process exit).
 pub fn shutdown() {
-    #[cfg(ruby_gte_3_3)]
     if native_timer() {
         return native::shutdown();
     }
     ruby_thread::shutdown()
 }
 
-#[cfg(ruby_gte_3_3)]
+/// Asks for the window job from the timer thread.
+fn request_tick() {
+    #[cfg(ruby_gte_3_3)]
+    super::jobs::request_window();
+    #[cfg(not(ruby_gte_3_3))]
+    signalled::request();
+}
+
+/// Ruby < 3.3: getting the window job to a Ruby thread that holds the GVL, by signal.
+#[cfg(not(ruby_gte_3_3))]
+mod signalled {
+    use std::ffi::c_int;
+    use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+    use std::sync::OnceLock;
+
+    use crate::shims::signal;
+
+    /// The signal the handler is installed for (0: none was free).
+    static SIGNAL: OnceLock<c_int> = OnceLock::new();
+    /// Thread ids of Ruby threads seen running, newest at `NEWEST` (0: empty slot).
+    static SEEN: [AtomicI32; 4] = [const { AtomicI32::new(0) }; 4];
+    static NEWEST: AtomicUsize = AtomicUsize::new(0);
+    /// A request went out and no window job has run since.
+    static OUTSTANDING: AtomicBool = AtomicBool::new(false);
+    /// Requests that found the previous one unserved (sent to every thread seen).
+    pub static MISSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+    extern "C" fn on_signal(_sig: c_int) {
+        signal::keeping_errno(|| {
+            if signal::on_ruby_thread() {
+                super::super::jobs::request_window();
+            }
+        });
+    }
+
+    /// Whether the handler is installed (installing it on the first call). GVL held.
+    pub fn ready() -> bool {
+        *SIGNAL.get_or_init(|| signal::install_rt_handler(on_signal).unwrap_or(0)) != 0
+    }
+
+    /// Remembers the calling thread (a Ruby thread holding the GVL). GVL held, so one writer.
+    pub fn seen_running() {
+        if SIGNAL.get().copied().unwrap_or(0) == 0 {
+            return;
+        }
+        let tid = signal::current_tid();
+        let newest = NEWEST.load(Ordering::Relaxed);
+        if SEEN[newest].load(Ordering::Relaxed) == tid {
+            return;
+        }
+        let slot = match SEEN.iter().position(|s| s.load(Ordering::Relaxed) == tid) {
+            Some(i) => i,
+            None => (newest + 1) % SEEN.len(),
+        };
+        SEEN[slot].store(tid, Ordering::Relaxed);
+        NEWEST.store(slot, Ordering::Release);
+    }
+
+    pub fn served() {
+        OUTSTANDING.store(false, Ordering::Release);
+        seen_running();
+    }
+
+    /// From the timer thread: signals the thread last seen running, or, when the previous request
+    /// is still unserved, every thread seen and the main thread (its id is the process id).
+    pub fn request() {
+        let Some(&sig) = SIGNAL.get().filter(|&&s| s != 0) else {
+            return;
+        };
+        let main = std::process::id() as c_int;
+        if !OUTSTANDING.swap(true, Ordering::AcqRel) {
+            let newest = SEEN[NEWEST.load(Ordering::Acquire)].load(Ordering::Relaxed);
+            signal::send_to_thread(if newest > 0 { newest } else { main }, sig);
+            return;
+        }
+        MISSED.fetch_add(1, Ordering::Relaxed);
+        let mut sent_main = false;
+        for seen in &SEEN {
+            let tid = seen.load(Ordering::Relaxed);
+            if tid > 0 && signal::send_to_thread(tid, sig) {
+                sent_main |= tid == main;
+            }
+        }
+        if !sent_main {
+            signal::send_to_thread(main, sig);
+        }
+    }
+
+    /// In a forked child: the threads seen were the parent's.
+    pub fn after_fork() {
+        for seen in &SEEN {
+            seen.store(0, Ordering::Relaxed);
+        }
+        OUTSTANDING.store(false, Ordering::Relaxed);
+    }
+}
+
 mod native {
     use std::sync::{Arc, Condvar, Mutex};
     use std::thread::JoinHandle;
@@ -170,7 +289,7 @@ mod native {
             rate = match shared.wake.wait_timeout(rate, delay) {
                 Ok((guard, timeout)) => {
                     if timeout.timed_out() && guard.is_some() {
-                        super::super::jobs::request_window();
+                        super::request_tick();
                     }
                     guard
                 }

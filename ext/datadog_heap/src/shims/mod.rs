@@ -1,7 +1,7 @@
 //! Raw C API calls, each behind a small safe function with its contract, by concern: the GVL
 //! (`gvl`), event hooks and postponed jobs (`hooks`), method calls (`call`), the GC (`gc`),
-//! objects and classes (`class`), frames (`frames`), the VM's reference walk (`objspace`), and
-//! the OS clocks (`clock`).
+//! objects and classes (`class`), frames (`frames`), the VM's reference walk (`objspace`), the OS
+//! clocks (`clock`), and the timer's signal (`signal`).
 //! This is the only module that calls rb-sys or writes `unsafe` code; every other module of the
 //! crate is compiled with `#![deny(unsafe_code)]` (see lib.rs).
 
@@ -13,6 +13,7 @@ mod gc;
 mod gvl;
 mod hooks;
 pub mod objspace;
+pub mod signal;
 
 pub use call::*;
 pub use class::*;
