@@ -77,10 +77,12 @@ SCENARIOS = {
   end,
 }.freeze
 
-# ACCURACY_ONLY=sample_every runs only the second table (below).
-unless ENV["ACCURACY_ONLY"] == "sample_every"
+ONLY = ENV["ACCURACY_ONLY"] # sample_every or windows: that table alone (below)
+
+if ONLY.nil?
 Bench.header("bench/accuracy.rb: estimated / retained live objects at default settings",
-  ["#{ROUNDS} rounds per cell, median (min..max); sample_every 1024 for both samplers"])
+  ["#{ROUNDS} rounds per cell, median (min..max); each sampler's default sample_every (countdown " \
+   "#{DatadogHeap::Recorder::SAMPLE_EVERY[:countdown]}, windowed #{DatadogHeap::Recorder::SAMPLE_EVERY[:windowed]}) and overhead budget"])
 rows = []
 SCENARIOS.each do |name, scenario|
   per_sampler = SAMPLERS.transform_values { |opts| Array.new(ROUNDS) { scenario.call(opts) } }
@@ -110,6 +112,7 @@ def keep_one_in_four(iterations)
   keep
 end
 
+if ONLY.nil? || ONLY == "sample_every"
 SETTINGS = Bench.pick(
   [[1, 400_000], [2, 400_000], [8, 400_000], [64, 1_600_000], [1024, 4_000_000], [4096, 8_000_000], [1, 400_000, 20_000]],
   [[1, 40_000], [64, 100_000], [1, 40_000, 4_000]]
@@ -144,3 +147,29 @@ rows = SETTINGS.map do |every, iterations, cap|
 end
 Bench.header("bench/accuracy.rb: countdown estimate / kept by sample_every", ["#{ROUNDS} rounds per row, median (min..max)"])
 Bench.table(["sample_every", "kept", "ratio", "range", "sigma (relative)", "notes"], rows)
+end
+
+# The windowed sampler by windows_per_second (issue 22, the default sampler): a window's samples
+# stand for the gap before it, so when what the program allocates changes between two windows
+# (here: a tight loop of Arrays, then Strings in bursts between pauses) the gap's allocations are
+# credited to the next window's sites. More windows, shorter gaps, less of that. Countdown at the
+# same sample_every beside it; no budget, so every column samples at 4096.
+if ONLY.nil? || ONLY == "windows"
+  WINDOW_ROUNDS = Bench.pick(5, 1)
+  columns = {"countdown" => {sampler: :countdown}}
+  Bench.pick([100, 300, 1000], [100]).each { |r| columns["windowed #{r}/s"] = {sampler: :windowed, windows_per_second: r} }
+  phase = SCENARIOS.fetch("fast phase then slow phase")
+  runs = columns.transform_values do |opts|
+    Array.new(WINDOW_ROUNDS) { phase.call(opts.merge(sample_every: 4096, max_overhead: nil)) }
+  end
+  labels = runs.values.first.first.map(&:first)
+  rows = labels.each_with_index.map do |label, i|
+    [label, *runs.values.map do |r|
+      ratios = r.map { |row| row[i][1] }
+      format("%.3f (%.3f..%.3f)", Bench.median(ratios), ratios.min, ratios.max)
+    end]
+  end
+  Bench.header("bench/accuracy.rb: fast phase then slow phase, estimate / truth by windows_per_second",
+    ["#{WINDOW_ROUNDS} rounds per cell, median (min..max); sample_every 4096, no overhead budget"])
+  Bench.table(["site", *columns.keys], rows)
+end

@@ -59,14 +59,17 @@ probe = 200
 probe *= 2 while (t = Bench.cpu_time { workload(probe) }) < 0.2
 N = (probe * RUN_SECONDS / t).ceil
 
-VARIANTS = [:base, :empty_hook, *EVERY, *EVERY.map { |e| [:windowed, e] }].freeze
+# The last: the default windowed sample_every with ten times the default windows per second (what
+# the windows themselves cost; bench/accuracy.rb ACCURACY_ONLY=windows shows what they buy).
+VARIANTS = [:base, :empty_hook, *EVERY, *EVERY.map { |e| [:windowed, e] }, [:windowed, 4096, 1000]].freeze
 
 def run(variant)
   rec = nil
   case variant
   when :base then nil
   when :empty_hook then DatadogHeap::Testing._native_empty_hook(true)
-  when Array then rec = DatadogHeap::Recorder.new(sampler: :windowed, sample_every: variant[1])
+  when Array
+    rec = DatadogHeap::Recorder.new(sampler: :windowed, sample_every: variant[1], windows_per_second: variant[2] || 100)
   else rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: variant)
   end
   rec&.start
@@ -99,7 +102,7 @@ rows = VARIANTS.map do |v|
   label = case v
           when :base then "no recorder"
           when :empty_hook then "empty NEWOBJ hook (VM floor)"
-          when Array then "windowed, sample_every #{v[1]}"
+          when Array then "windowed, sample_every #{v[1]}#{", #{v[2]} windows/s" if v[2]}"
           else "countdown, sample_every #{v}"
           end
   [label, format("%.3f s", Bench.median(res[v].map { |r| r[:seconds] })), v == :base ? "" : Bench.percent(ratio - 1),
