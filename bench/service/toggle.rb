@@ -1,0 +1,81 @@
+# frozen_string_literal: true
+
+# Loaded through RUBYOPT by bench/service_toggle.rb into the example service: each forked puma
+# worker runs a thread that switches a recorder at its defaults on (Recorder#start) and off
+# (#stop, which keeps what it tracks) every TOGGLE_PHASE seconds, and, at each switch, adds the
+# phase's process CPU time and requests served to that state's totals, written to
+# TOGGLE_OUT/<pid>.json. Alternating within one process every few seconds pairs each "on" phase
+# with the "off" phases beside it, so a change of load on the machine hits both states alike.
+# TOGGLE_MODE=off keeps the recorder off in both states (the method's own A/A noise).
+require "datadog_heap"
+require "json"
+
+module ServiceToggle
+  PHASE = Float(ENV.fetch("TOGGLE_PHASE", "2"))
+  OUT = ENV.fetch("TOGGLE_OUT")
+  AA = ENV["TOGGLE_MODE"] == "off"
+
+  @requests = 0
+  @lock = Mutex.new
+
+  class << self
+    def count
+      @lock.synchronize { @requests += 1 }
+    end
+
+    def requests
+      @lock.synchronize { @requests }
+    end
+
+    def cpu
+      Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
+    end
+
+    # In each worker: alternate, and write the totals so far at each switch (a worker may be
+    # killed at any time).
+    def run
+      rec = DatadogHeap::Recorder.new
+      phases = []
+      state = :off
+      loop do
+        started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+        cpu0 = cpu
+        req0 = requests
+        sleep PHASE
+        phases << {state: state, cpu: cpu - cpu0, requests: requests - req0, started: started, ended: Process.clock_gettime(Process::CLOCK_MONOTONIC)}
+        state = (state == :on) ? :off : :on
+        (state == :on && !AA) ? rec.start : rec.stop
+        File.write(File.join(OUT, "#{Process.pid}.json.tmp"), JSON.generate(phases: phases, stats: rec.stats.slice(
+          :sampler_samples_recorded, :sampler_effective_sample_every, :num_object_records, :sampler_last_overhead
+        ).transform_values { |v| v.is_a?(Float) ? v.round(5) : v }))
+        File.rename(File.join(OUT, "#{Process.pid}.json.tmp"), File.join(OUT, "#{Process.pid}.json"))
+      end
+    end
+  end
+
+  # Counts the requests the app serves (puma calls the Rack app's class method `call`).
+  module Counting
+    def call(env)
+      ServiceToggle.count
+      super
+    end
+  end
+
+  # Starts the switching thread in each forked worker.
+  module AfterFork
+    def _fork
+      pid = super
+      Thread.new { ServiceToggle.run } if pid.zero?
+      pid
+    end
+  end
+end
+
+Process.singleton_class.prepend(ServiceToggle::AfterFork)
+# The app is loaded after this file (preload_app!): count once it exists.
+TracePoint.new(:end) do |tp|
+  if tp.self.name == "ServiceApp"
+    ServiceApp.singleton_class.prepend(ServiceToggle::Counting)
+    tp.disable
+  end
+end.enable

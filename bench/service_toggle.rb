@@ -1,0 +1,101 @@
+# frozen_string_literal: true
+
+# The example service's worker CPU per request with the recorder at its defaults on vs off,
+# measured inside each worker (issue 22: the +1% target). bench/service.rb compares whole runs,
+# each its own cluster: on this shared 2-core machine two runs of the same cluster differ by up to
+# ±15% in CPU per request, more than the effect to measure. Here each worker switches the
+# recorder on and off every PHASE seconds (bench/service/toggle.rb) under one steady wrk load, so
+# each "on" phase is compared with the "off" phases on either side of it, a few seconds apart.
+#
+# Rows: "recorder on/off" switches a Recorder at its defaults (countdown, sample_every 1024,
+# max_overhead 0.01; stop keeps what it tracks, so the tracked set grows over the run as it would);
+# "A/A (both off)" switches nothing, the method's own noise. Each row is its own cluster; the
+# rows alternate round by round. CPU per request: process CPU time (all threads) over requests
+# served, per phase, from the phases that fall wholly inside the timed wrk run. Overhead = the
+# median over phases of (on phase / mean of the off phases beside it) - 1, and the pooled ratio
+# (all on CPU / on requests over all off CPU / off requests) - 1.
+#
+# Run: rake bench:service_toggle (or ruby -Ilib bench/service_toggle.rb; BENCH_SMOKE=1 for a quick run).
+# Needs puma, ruby-sinatra and wrk (bin/setup installs them).
+require_relative "support"
+require "fileutils"
+require "tmpdir"
+require_relative "../examples/service/cluster"
+
+ROUNDS = Bench.pick(2, 1)
+SECONDS = Bench.pick(60, 8)
+PHASE = Bench.pick(2.0, 1.0)
+WARMUP_REQUESTS = Bench.pick(10_000, 1_000)
+VARIANTS = {"recorder on/off" => "on", "A/A (both off)" => "off"}.freeze
+
+missing = ServiceCluster.missing_tools
+abort "bench/service_toggle.rb needs #{missing.join(", ")}: run bin/setup" unless missing.empty?
+
+def run(mode, scratch)
+  out = Dir.mktmpdir("toggle-", scratch)
+  env = {"RUBYOPT" => "-I#{ServiceCluster::LIB} -r#{File.join(__dir__, "service", "toggle.rb")}", "TOGGLE_OUT" => out,
+         "TOGGLE_PHASE" => PHASE.to_s, "TOGGLE_MODE" => mode}
+  cluster = ServiceCluster::Cluster.new(env: env, log: File.join(scratch, "puma.log"))
+  cluster.wait_booted
+  workers = cluster.worker_pids
+  ServiceCluster.wrk(cluster.port, seconds: 60, max_requests: WARMUP_REQUESTS)
+  from = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  result = ServiceCluster.wrk(cluster.port, seconds: SECONDS, max_requests: 10**9)
+  to = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  sleep PHASE + 0.5 # the phase running at the end is written when it ends
+  cluster.stop
+  errors = result[:errors].values.sum
+  raise "#{mode}: #{errors} failed requests" unless errors.zero?
+
+  workers.map do |pid|
+    data = JSON.parse(File.read(File.join(out, "#{pid}.json")), symbolize_names: true)
+    phases = data[:phases].select { |p| p[:started] >= from && p[:ended] <= to && p[:requests] > 0 }
+    {phases: phases, stats: data[:stats]}
+  end
+ensure
+  cluster&.kill_all unless cluster.nil? || cluster.exited?
+end
+
+# Per worker: each "on" phase's CPU per request over the mean of its neighbouring "off" phases'.
+def paired(phases)
+  per = phases.map { |p| [p[:state], p[:cpu] / p[:requests]] }
+  per.each_index.filter_map do |i|
+    next unless per[i][0] == "on"
+
+    off = [per[i - 1], per[i + 1]].compact.select { |s, _| s == "off" }.map(&:last)
+    off.empty? || i.zero? ? nil : per[i][1] / (off.sum / off.size)
+  end
+end
+
+def pooled(phases)
+  on, off = %w[on off].map do |state|
+    ps = phases.select { |p| p[:state] == state }
+    ps.sum { |p| p[:cpu] } / ps.sum { |p| p[:requests] }
+  end
+  on / off
+end
+
+Bench.header("bench/service_toggle.rb: worker CPU per request, recorder on vs off inside each worker",
+  ["puma 2 workers x 4 threads, wrk -t2 -c8 for #{SECONDS} s per run after #{WARMUP_REQUESTS} requests of warm-up, " \
+   "phases of #{PHASE} s, #{ROUNDS} rounds; recorder at its defaults"])
+
+res = Dir.mktmpdir("bench-service-toggle-") do |scratch|
+  Bench.alternate(VARIANTS.keys, ROUNDS, gc: false) { |label| run(VARIANTS.fetch(label), scratch) }
+end
+
+rows = VARIANTS.keys.map do |label|
+  workers = res[label].flatten
+  phases = workers.flat_map { |w| w[:phases] }
+  ratios = workers.flat_map { |w| paired(w[:phases]) }
+  on = phases.select { |p| p[:state] == "on" }
+  stats = workers.map { |w| w[:stats] }
+  [label, ratios.size.to_s, Bench.percent(Bench.median(ratios) - 1),
+    format("%s..%s", Bench.percent(ratios.min - 1), Bench.percent(ratios.max - 1)),
+    Bench.percent(pooled(phases) - 1),
+    format("%.0f µs", 1e6 * on.sum { |p| p[:cpu] } / [on.sum { |p| p[:requests] }, 1].max),
+    stats.map { |s| s[:sampler_effective_sample_every] }.minmax.uniq.join(".."),
+    stats.map { |s| Bench.percent(s[:sampler_last_overhead].to_f) }.join(" / "),
+    stats.map { |s| s[:num_object_records] }.join(" / ")]
+end
+Bench.table(["variant", "on phases", "overhead (median)", "range", "overhead (pooled)", "CPU/request (on)", "interval at exit",
+  "budget's own share (last period)", "records at exit"], rows)
