@@ -9,7 +9,8 @@
 #
 # Rows: "recorder on/off" switches a Recorder at its defaults (countdown, sample_every 1024,
 # max_overhead 0.01; stop keeps what it tracks, so the tracked set grows over the run as it would);
-# "A/A (both off)" switches nothing, the method's own noise. Each row is its own cluster; the
+# "empty NEWOBJ hook" switches a hook that does nothing (the floor any NEWOBJ sampler pays on
+# this Ruby); "A/A (both off)" switches nothing, the method's own noise. Each row is its own cluster; the
 # rows alternate round by round. CPU per request: process CPU time (all threads) over requests
 # served, per phase, from the phases that fall wholly inside the timed wrk run. Overhead = the
 # median over phases of (on phase / mean of the off phases beside it) - 1, and the pooled ratio
@@ -26,7 +27,7 @@ ROUNDS = Bench.pick(2, 1)
 SECONDS = Bench.pick(60, 8)
 PHASE = Bench.pick(2.0, 1.0)
 WARMUP_REQUESTS = Bench.pick(10_000, 1_000)
-VARIANTS = {"recorder on/off" => "on", "A/A (both off)" => "off"}.freeze
+VARIANTS = {"recorder on/off" => "on", "empty NEWOBJ hook on/off (VM floor)" => "hook", "A/A (both off)" => "off"}.freeze
 
 missing = ServiceCluster.missing_tools
 abort "bench/service_toggle.rb needs #{missing.join(", ")}: run bin/setup" unless missing.empty?

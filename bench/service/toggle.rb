@@ -6,14 +6,15 @@
 # phase's process CPU time and requests served to that state's totals, written to
 # TOGGLE_OUT/<pid>.json. Alternating within one process every few seconds pairs each "on" phase
 # with the "off" phases beside it, so a change of load on the machine hits both states alike.
-# TOGGLE_MODE=off keeps the recorder off in both states (the method's own A/A noise).
+# TOGGLE_MODE=off keeps the recorder off in both states (the method's own A/A noise);
+# TOGGLE_MODE=hook switches an empty NEWOBJ hook instead of the recorder (the VM's floor).
 require "datadog_heap"
 require "json"
 
 module ServiceToggle
   PHASE = Float(ENV.fetch("TOGGLE_PHASE", "2"))
   OUT = ENV.fetch("TOGGLE_OUT")
-  AA = ENV["TOGGLE_MODE"] == "off"
+  MODE = ENV.fetch("TOGGLE_MODE", "on")
 
   @requests = 0
   @lock = Mutex.new
@@ -31,6 +32,13 @@ module ServiceToggle
       Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
     end
 
+    def switch(rec, on)
+      case MODE
+      when "on" then on ? rec.start : rec.stop
+      when "hook" then DatadogHeap::Testing._native_empty_hook(on)
+      end
+    end
+
     # In each worker: alternate, and write the totals so far at each switch (a worker may be
     # killed at any time).
     def run
@@ -44,7 +52,7 @@ module ServiceToggle
         sleep PHASE
         phases << {state: state, cpu: cpu - cpu0, requests: requests - req0, started: started, ended: Process.clock_gettime(Process::CLOCK_MONOTONIC)}
         state = (state == :on) ? :off : :on
-        (state == :on && !AA) ? rec.start : rec.stop
+        switch(rec, state == :on)
         File.write(File.join(OUT, "#{Process.pid}.json.tmp"), JSON.generate(phases: phases, stats: rec.stats.slice(
           :sampler_samples_recorded, :sampler_effective_sample_every, :num_object_records, :sampler_last_overhead
         ).transform_values { |v| v.is_a?(Float) ? v.round(5) : v }))
