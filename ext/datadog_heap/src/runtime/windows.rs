@@ -181,8 +181,6 @@ mod signalled {
     static NEWEST: AtomicUsize = AtomicUsize::new(0);
     /// A request went out and no window job has run since.
     static OUTSTANDING: AtomicBool = AtomicBool::new(false);
-    /// Requests that found the previous one unserved (sent to every thread seen).
-    pub static MISSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
     extern "C" fn on_signal(_sig: c_int) {
         signal::keeping_errno(|| {
@@ -232,7 +230,6 @@ mod signalled {
             signal::send_to_thread(if newest > 0 { newest } else { main }, sig);
             return;
         }
-        MISSED.fetch_add(1, Ordering::Relaxed);
         let mut sent_main = false;
         for seen in &SEEN {
             let tid = seen.load(Ordering::Relaxed);
