@@ -9,6 +9,7 @@
 #
 # Rows: "recorder on/off" switches a Recorder at its defaults (countdown, sample_every 1024,
 # max_overhead 0.01; stop keeps what it tracks, so the tracked set grows over the run as it would);
+# "windowed recorder" the same with sampler: :windowed (sample_every 4096, 100 windows/s);
 # "empty NEWOBJ hook" switches a hook that does nothing (the floor any NEWOBJ sampler pays on
 # this Ruby); "A/A (both off)" switches nothing, the method's own noise. Each row is its own cluster; the
 # rows alternate round by round. CPU per request: process CPU time (all threads) over requests
@@ -27,7 +28,10 @@ ROUNDS = Bench.pick(2, 1)
 SECONDS = Bench.pick(60, 8)
 PHASE = Bench.pick(2.0, 1.0)
 WARMUP_REQUESTS = Bench.pick(10_000, 1_000)
-VARIANTS = {"recorder on/off" => "on", "empty NEWOBJ hook on/off (VM floor)" => "hook", "A/A (both off)" => "off"}.freeze
+ALL_VARIANTS = {"recorder on/off" => "on", "windowed recorder on/off" => "windowed", "empty NEWOBJ hook on/off (VM floor)" => "hook",
+                "A/A (both off)" => "off"}.freeze
+# TOGGLE_VARIANTS=on,off (modes, comma-separated) runs those rows only.
+VARIANTS = ENV["TOGGLE_VARIANTS"] ? ALL_VARIANTS.select { |_, m| ENV["TOGGLE_VARIANTS"].split(",").include?(m) } : ALL_VARIANTS
 
 missing = ServiceCluster.missing_tools
 abort "bench/service_toggle.rb needs #{missing.join(", ")}: run bin/setup" unless missing.empty?

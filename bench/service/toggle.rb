@@ -7,7 +7,8 @@
 # TOGGLE_OUT/<pid>.json. Alternating within one process every few seconds pairs each "on" phase
 # with the "off" phases beside it, so a change of load on the machine hits both states alike.
 # TOGGLE_MODE=off keeps the recorder off in both states (the method's own A/A noise);
-# TOGGLE_MODE=hook switches an empty NEWOBJ hook instead of the recorder (the VM's floor).
+# TOGGLE_MODE=hook switches an empty NEWOBJ hook instead of the recorder (the VM's floor);
+# TOGGLE_MODE=windowed switches a recorder with sampler: :windowed (its other options default).
 require "datadog_heap"
 require "json"
 
@@ -34,7 +35,7 @@ module ServiceToggle
 
     def switch(rec, on)
       case MODE
-      when "on" then on ? rec.start : rec.stop
+      when "on", "windowed" then on ? rec.start : rec.stop
       when "hook" then DatadogHeap::Testing._native_empty_hook(on)
       end
     end
@@ -42,7 +43,7 @@ module ServiceToggle
     # In each worker: alternate, and write the totals so far at each switch (a worker may be
     # killed at any time).
     def run
-      rec = DatadogHeap::Recorder.new
+      rec = (MODE == "windowed") ? DatadogHeap::Recorder.new(sampler: :windowed) : DatadogHeap::Recorder.new
       phases = []
       state = :off
       loop do
