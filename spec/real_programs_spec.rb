@@ -19,7 +19,7 @@ require_relative "../bench/lib/real_programs"
 #   the truth under the same model (a 1-in-2000 event if nothing is wrong).
 # Ignoring the weights (an estimate of n/m), or putting a C method's allocations at its own frame
 # instead of its caller's line, fails these by far. One program run per program and sample_every,
-# shared by the examples; about 45 s in all here. :heavy: skipped under GC_STRESS.
+# shared by the examples; about 50 s in all here. :heavy: skipped under GC_STRESS.
 # One program run per program and sample_every, shared by the examples that look at it.
 module RealProgramsSpec
   ALPHA = 1e-5
