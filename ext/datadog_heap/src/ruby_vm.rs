@@ -102,12 +102,12 @@ impl Vm for RubyVm<'_> {
 
 /// Whether a live object is still the program's. The VM hides some objects it allocated visible
 /// and keeps them as its own: the Hash and Array literals the compiler freezes into the code it
-/// loads (`freeze_hide_obj` in compile.c) are visible when allocated, so sampled, then hidden. An
-/// update finds such an object gone, as `ObjectSpace.each_object` does; its record is dropped
-/// like a dead one. (An object the VM hides only for a while, as `sort_by` does its result while
-/// the block runs, is lost if an update happens to run inside that while.)
+/// loads (`freeze_hide_obj` in compile.c: frozen, then hidden). An update finds such an object
+/// gone, as `ObjectSpace.each_object` does, and its record is dropped like a dead one. An object
+/// hidden but not frozen is kept: the VM hides some of the program's objects only for a while
+/// (`sort_by` its result Array, while the block runs), and an update may run inside that while.
 fn visible(object: Value) -> bool {
-    !shims::is_internal_object(object.as_raw())
+    !(shims::is_internal_object(object.as_raw()) && shims::is_frozen(object))
 }
 
 /// What a liveness check tells about a live object; measures it only when asked.
