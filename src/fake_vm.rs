@@ -11,6 +11,8 @@ pub struct FakeObject {
     pub alive: bool,
     pub frozen: bool,
     pub size: usize,
+    /// No class (see `Vm::is_hidden`).
+    pub hidden: bool,
 }
 
 #[derive(Default)]
@@ -54,6 +56,7 @@ impl FakeVm {
                 alive: true,
                 frozen: false,
                 size,
+                hidden: false,
             },
         );
         self.next_object
@@ -70,6 +73,7 @@ impl FakeVm {
             alive: true,
             frozen: false,
             size: 0,
+            hidden: false,
         })
     }
 
@@ -95,6 +99,10 @@ impl FakeVm {
 }
 
 impl Vm for FakeVm {
+    fn is_hidden(&self, object: ObjectRef) -> bool {
+        self.objects.get(&object).is_some_and(|o| o.hidden)
+    }
+
     fn remember(&mut self, record_id: i64, object: ObjectRef) -> Result<()> {
         Self::tick(&mut self.fail_remember_after, "remember")?;
         self.remember_calls += 1;

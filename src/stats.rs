@@ -52,6 +52,9 @@ pub struct Lifetime {
     pub thinnings: u64,
     /// Records those thinnings dropped.
     pub records_thinned: u64,
+    /// Recordings dropped at their commit because their object was still hidden (no class):
+    /// the VM's own, not the program's (see `Vm::is_hidden`).
+    pub recordings_dropped_hidden: u64,
 }
 
 impl Lifetime {
@@ -187,6 +190,10 @@ impl Stats {
             ),
             ("lifetime_thinnings", C(l.thinnings)),
             ("lifetime_records_thinned", C(l.records_thinned)),
+            (
+                "lifetime_recordings_dropped_hidden",
+                C(l.recordings_dropped_hidden),
+            ),
         ]
     }
 }

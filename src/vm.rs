@@ -41,6 +41,16 @@ pub trait Vm {
         Ok(false)
     }
 
+    /// Whether `object`, allocated hidden and about to be committed, is still hidden: CRuby
+    /// allocates some objects without a class and gives them one before the program sees them;
+    /// those still without one are the VM's own buffers and tables, and their recordings are
+    /// dropped (see `HeapRecorder::record_hidden_allocation_from`). Never fails, never lets
+    /// threads run.
+    fn is_hidden(&self, object: ObjectRef) -> bool {
+        let _ = object;
+        false
+    }
+
     /// Lets other threads run (the lock waits with this). Fails when an exception was delivered
     /// to this thread meanwhile (Thread#raise, Thread#kill, Timeout): the wait is abandoned.
     fn yield_thread(&mut self) -> Result<()>;

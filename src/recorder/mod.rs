@@ -60,6 +60,9 @@ struct PendingRecording {
     record_id: i64,
     stack: Stack,
     data: LiveObjectData,
+    /// Allocated hidden (see [`HeapRecorder::record_hidden_allocation_from`]): the commit asks
+    /// the VM whether it still is.
+    hidden_at_birth: bool,
 }
 
 /// A committed, tracked object.
@@ -351,6 +354,34 @@ impl HeapRecorder {
         source: &S,
         alloc_gen: u64,
     ) -> Result<Recorded> {
+        self.record_from(object, weight, class_name, source, alloc_gen, false)
+    }
+
+    /// [`HeapRecorder::record_allocation_from`] for an object the VM allocated hidden (with no
+    /// class). CRuby makes some of the program's objects that way and gives them their class
+    /// before the program sees them (String#encode's result); others stay the VM's own. The
+    /// commit keeps the recording only if the object is no longer hidden then
+    /// ([`Vm::is_hidden`]); otherwise it drops it, counted in `recordings_dropped_hidden`.
+    pub fn record_hidden_allocation_from<S: FrameSource + ?Sized>(
+        &self,
+        object: ObjectRef,
+        weight: u64,
+        class_name: Option<&str>,
+        source: &S,
+        alloc_gen: u64,
+    ) -> Result<Recorded> {
+        self.record_from(object, weight, class_name, source, alloc_gen, true)
+    }
+
+    fn record_from<S: FrameSource + ?Sized>(
+        &self,
+        object: ObjectRef,
+        weight: u64,
+        class_name: Option<&str>,
+        source: &S,
+        alloc_gen: u64,
+        hidden_at_birth: bool,
+    ) -> Result<Recorded> {
         let mut state = self.state()?;
         let mut pending = self.pending()?;
         state.lifetime.recordings_attempted += 1;
@@ -362,6 +393,7 @@ impl HeapRecorder {
             class_name,
             source,
             alloc_gen,
+            hidden_at_birth,
         );
         if result.is_err() {
             state.lifetime.recordings_failed += 1;
@@ -379,6 +411,7 @@ impl HeapRecorder {
         class_name: Option<&str>,
         source: &S,
         alloc_gen: u64,
+        hidden_at_birth: bool,
     ) -> Result<Recorded> {
         // Anything pending asks for a commit, even when this allocation is skipped: a commit that
         // was asked for earlier may not have run yet.
@@ -457,6 +490,7 @@ impl HeapRecorder {
                 frozen: false,
                 size_final: false,
             },
+            hidden_at_birth,
         });
         Ok(Recorded {
             outcome: RecordOutcome::Pending,
@@ -519,10 +553,19 @@ impl HeapRecorder {
         let _unlock = LockGuard(&self.lock);
         let mut committed = 0;
         loop {
-            let next = (self.pending()?.last()).map(|p| (p.record_id, p.object));
-            let Some((record_id, object)) = next else {
+            let next = (self.pending()?.last()).map(|p| (p.record_id, p.object, p.hidden_at_birth));
+            let Some((record_id, object, hidden_at_birth)) = next else {
                 break;
             };
+            if hidden_at_birth && vm.is_hidden(object) {
+                let mut state = self.state()?;
+                let Some(pending) = self.pending()?.pop() else {
+                    break;
+                };
+                state.lifetime.recordings_dropped_hidden += 1;
+                self.release_record(&mut state, &pending.stack, pending.data.class)?;
+                continue;
+            }
             vm.remember(record_id, object)?;
 
             let mut state = self.state()?;

@@ -56,6 +56,58 @@ fn recording_is_pending_until_commit() {
 }
 
 #[test]
+fn commit_drops_objects_still_hidden_and_keeps_revealed_ones() {
+    // CRuby allocates some of the program's objects without a class and reveals them before the
+    // program sees them (String#encode's result): those are recorded. One allocated hidden and
+    // still hidden at its commit is the VM's own: dropped, with what it held.
+    // An object allocated visible is never asked about: the VM hides some for a while
+    // (sort_by's result while the block runs) and they stay the program's.
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    let hidden_record = |vm: &mut FakeVm, line| {
+        let obj = vm.alloc(40);
+        vm.obj(obj).hidden = true;
+        let r = rec
+            .record_hidden_allocation_from(
+                obj,
+                1,
+                Some("String"),
+                frames("b", line).as_slice(),
+                vm.gc,
+            )
+            .unwrap();
+        assert_eq!(r.outcome, RecordOutcome::Pending);
+        obj
+    };
+    let revealed = hidden_record(&mut vm, 1);
+    vm.obj(revealed).hidden = false;
+    let hidden = hidden_record(&mut vm, 2);
+    let hidden_for_a_while = record(&rec, &mut vm, "a", 3);
+    vm.obj(hidden_for_a_while).hidden = true;
+    assert_eq!(rec.commit(&mut vm).unwrap(), CommitOutcome::Committed(2));
+    let s = rec.stats().unwrap();
+    assert_eq!((s.pending_recordings_count, s.num_object_records), (0, 2));
+    assert_eq!(s.lifetime.recordings_dropped_hidden, 1);
+    let mut remembered = vm.table.values().copied().collect::<Vec<_>>();
+    remembered.sort_unstable();
+    assert_eq!(remembered, vec![revealed, hidden_for_a_while]);
+    assert!(!remembered.contains(&hidden));
+    // Only the kept records' stacks and class are still held.
+    assert_eq!(s.num_heap_records, 2);
+    let refs_one = s.string_refs;
+    vm.kill(revealed);
+    vm.kill(hidden_for_a_while);
+    vm.gc();
+    full_update(&rec, &mut vm);
+    let s = rec.stats().unwrap();
+    assert_eq!(
+        (s.num_object_records, s.num_heap_records, s.string_refs),
+        (0, 0, 0)
+    );
+    assert!(refs_one > 0);
+}
+
+#[test]
 fn commit_drains_newest_first() {
     let rec = HeapRecorder::default();
     let mut vm = FakeVm::new();

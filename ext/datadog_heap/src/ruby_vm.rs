@@ -5,7 +5,10 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use datadog_heap_core::{HeapError, LiveInfo, ObjectRef, Vm, WalkVisitor};
-use magnus::{rb_sys::FromRawValue, Error, Ruby, Value};
+use magnus::{
+    rb_sys::{AsRawValue, FromRawValue},
+    Error, Ruby, Value,
+};
 
 use crate::stage_costs::{self, Stage};
 use crate::{shims, weak_map};
@@ -61,15 +64,23 @@ impl Vm for RubyVm<'_> {
         measure_size: bool,
     ) -> datadog_heap_core::Result<Option<LiveInfo>> {
         let found = weak_map::get(self.ruby, self.weak_map, record_id).map_err(|e| self.keep(e))?;
-        Ok(found.map(|object| live_info(object, measure_size)))
+        Ok(found
+            .filter(|&object| visible(object))
+            .map(|object| live_info(object, measure_size)))
     }
 
     fn walk_live(&mut self, visit: WalkVisitor<'_>) -> datadog_heap_core::Result<bool> {
         weak_map::walk(self.ruby, self.weak_map, |record_id, object| {
-            visit(record_id, &|measure_size| live_info(object, measure_size));
+            if visible(object) {
+                visit(record_id, &|measure_size| live_info(object, measure_size));
+            }
         })
         .map(|()| true)
         .map_err(|e| self.keep(e))
+    }
+
+    fn is_hidden(&self, object: ObjectRef) -> bool {
+        shims::is_internal_object(object as rb_sys::VALUE)
     }
 
     fn yield_thread(&mut self) -> datadog_heap_core::Result<()> {
@@ -87,6 +98,16 @@ impl Vm for RubyVm<'_> {
     fn now_ns(&self) -> i64 {
         monotonic_ns()
     }
+}
+
+/// Whether a live object is still the program's. The VM hides some objects it allocated visible
+/// and keeps them as its own: the Hash and Array literals the compiler freezes into the code it
+/// loads (`freeze_hide_obj` in compile.c: frozen, then hidden). An update finds such an object
+/// gone, as `ObjectSpace.each_object` does, and its record is dropped like a dead one. An object
+/// hidden but not frozen is kept: the VM hides some of the program's objects only for a while
+/// (`sort_by` its result Array, while the block runs), and an update may run inside that while.
+fn visible(object: Value) -> bool {
+    !(shims::is_internal_object(object.as_raw()) && shims::is_frozen(object))
 }
 
 /// What a liveness check tells about a live object; measures it only when asked.

@@ -348,7 +348,9 @@ pub fn sample(
         stats.skipped_reentrant += 1;
         return Ok(core.has_pending());
     }
-    if shims::is_internal_object(object) {
+    // Hidden objects of ordinary types are sampled: the VM reveals some before the program gets
+    // them, and the commit drops those still hidden (see `shims::is_never_the_programs`).
+    if shims::is_never_the_programs(object) {
         stats.skipped_internal += 1;
         return Ok(core.has_pending());
     }
@@ -375,15 +377,26 @@ pub fn sample(
         max_frames: config.max_frames,
         gc_count,
     };
-    let class_name = capture::class_name_of(object);
+    let hidden = shims::hidden_class_name(object);
+    let class_name = hidden.unwrap_or_else(|| capture::class_name_of(object));
     let record = stage_costs::start(Stage::Record);
-    let recorded = core.record_allocation_from(
-        object as usize,
-        weight,
-        Some(class_name),
-        &captured,
-        gc_count,
-    );
+    let recorded = if hidden.is_some() {
+        core.record_hidden_allocation_from(
+            object as usize,
+            weight,
+            Some(class_name),
+            &captured,
+            gc_count,
+        )
+    } else {
+        core.record_allocation_from(
+            object as usize,
+            weight,
+            Some(class_name),
+            &captured,
+            gc_count,
+        )
+    };
     record.end();
     let recorded = match recorded {
         Ok(recorded) => recorded,

@@ -32,7 +32,12 @@ pub fn is_internal_object(raw: VALUE) -> bool {
     let Some(t) = heap_type(raw) else {
         return false;
     };
-    if matches!(
+    is_internal_type(t) || is_hidden(raw)
+}
+
+/// Builtin types that are the VM's own and never become the program's objects.
+fn is_internal_type(t: T) -> bool {
+    matches!(
         t,
         T::RUBY_T_NONE
             | T::RUBY_T_IMEMO
@@ -40,12 +45,50 @@ pub fn is_internal_object(raw: VALUE) -> bool {
             | T::RUBY_T_ICLASS
             | T::RUBY_T_ZOMBIE
             | T::RUBY_T_MOVED
-    ) {
-        return true;
-    }
+    )
+}
+
+/// A heap object with no class (yet): hidden from the program. Never allocates or raises.
+fn is_hidden(raw: VALUE) -> bool {
     let api = rb_sys::stable_api::get_default();
-    // SAFETY: a heap object (checked above); reading its class field has no side effect.
+    // SAFETY: a heap object (the callers check); reading its class field has no side effect.
     unsafe { api.rbasic_class(raw).is_none() }
+}
+
+/// What the sampler leaves out at allocation time: immediates and objects of the VM's own types
+/// (iseqs, method entries, ...). An object of an ordinary type allocated hidden (no class) is
+/// *not* left out: the VM makes some of the program's objects that way and gives them their class
+/// before handing them over (`rb_obj_reveal`: String#encode's result, `sort_by`'s Array, ...), so
+/// it is recorded, and the commit drops it if `is_internal_object` still says so then. Never
+/// allocates or raises; usable inside the allocation hook.
+pub fn is_never_the_programs(raw: VALUE) -> bool {
+    heap_type(raw).is_some_and(is_internal_type)
+}
+
+/// The class a hidden object gets from its builtin type when the VM reveals it (String, Array,
+/// Hash, ...: `rb_obj_reveal` is given the type's own class); `None` for an object with a class.
+pub fn hidden_class_name(raw: VALUE) -> Option<&'static str> {
+    let t = heap_type(raw)?;
+    if !is_hidden(raw) {
+        return None;
+    }
+    Some(match t {
+        T::RUBY_T_STRING => "String",
+        T::RUBY_T_ARRAY => "Array",
+        T::RUBY_T_HASH => "Hash",
+        T::RUBY_T_STRUCT => "Struct",
+        T::RUBY_T_BIGNUM => "Integer",
+        T::RUBY_T_FLOAT => "Float",
+        T::RUBY_T_REGEXP => "Regexp",
+        T::RUBY_T_MATCH => "MatchData",
+        T::RUBY_T_RATIONAL => "Rational",
+        T::RUBY_T_COMPLEX => "Complex",
+        T::RUBY_T_CLASS => "Class",
+        T::RUBY_T_MODULE => "Module",
+        T::RUBY_T_FILE => "File",
+        T::RUBY_T_SYMBOL => "Symbol",
+        _ => "Object",
+    })
 }
 
 extern "C" {
