@@ -5,14 +5,15 @@
 # hashes, a retained set that churns) and samples one allocation in SAMPLE_EVERY through the
 # extension's own sampling path (StackRecorder::Testing._native_track_object + Collectors::Stack
 # sampling + the pending-recordings flush), serializing the profile every SERIALIZE_EVERY
-# allocations. Prints seconds with heap profiling off and on, and the ratio: the recorder's cost.
+# allocations. Prints process CPU seconds with heap profiling off and on, their ratio, and the
+# difference per sampled object: the recorder's cost (track + commit + its share of serializing).
 
 require "datadog/profiling/spec_helper" if ENV["DDTRACE_CHECK_SPEC_HELPER"]
 require "datadog/profiling"
 require "datadog/profiling/stack_recorder"
 
-N = Integer(ENV.fetch("ALLOCATIONS", "2000000"))
-SAMPLE_EVERY = Integer(ENV.fetch("SAMPLE_EVERY", "1000"))
+N = Integer(ENV.fetch("ALLOCATIONS", "4000000"))
+SAMPLE_EVERY = Integer(ENV.fetch("SAMPLE_EVERY", "100"))
 SERIALIZE_EVERY = Integer(ENV.fetch("SERIALIZE_EVERY", "500000"))
 
 def recorder(heap)
@@ -34,7 +35,7 @@ LABELS = [["state", "unknown"]].freeze
 def run(heap)
   rec = recorder(heap)
   retained = []
-  t0 = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+  t0 = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
   N.times do |i|
     obj = case i % 3 when 0 then "s#{i}" when 1 then [i, i] else {i => i} end
     retained[i % 10_000] = obj if i % 7 == 0
@@ -47,10 +48,11 @@ def run(heap)
     end
     rec.serialize if (i + 1) % SERIALIZE_EVERY == 0
   end
-  Process.clock_gettime(Process::CLOCK_MONOTONIC) - t0
+  Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID) - t0
 end
 
 run(true) # warm-up
 off = run(false)
 on = run(true)
-printf("heap off %.3fs  heap on %.3fs  ratio %.4f\n", off, on, on / off)
+printf("heap off %.3fs  heap on %.3fs  ratio %.4f  %.2f us per sampled object\n", off, on, on / off,
+  (on - off) * 1e6 / (N / SAMPLE_EVERY))

@@ -155,6 +155,14 @@ int end_heap_allocation_recording_with_rb_protect(heap_recorder *recorder, ddog_
   }
   end_failure f = {0};
   int code = ddheap_end_recording(recorder->inner, locations, &f.err);
+#ifndef USE_DEFERRED_HEAP_ALLOCATION_RECORDING
+  // Datadog's extconf defines USE_DEFERRED_HEAP_ALLOCATION_RECORDING on Ruby 4+ only; below that
+  // heap_recorder.c takes the object id within the sampler call, and below Ruby 3.3 (no
+  // rb_postponed_job_trigger) the profiler never schedules heap_recorder_finalize_pending_recordings
+  // at all. Our core always queues the recording first, so commit it here on those Rubies, in the
+  // same sampler call as heap_recorder.c: otherwise nothing would leave the pending queue.
+  if (code == DDHEAP_OK) code = ddheap_finalize_pending_recordings(recorder->inner, &f.err);
+#endif
   if (code == DDHEAP_OK) return 0;
   int state = 0;
   rb_protect(raise_end_failure, (VALUE) &f, &state);
