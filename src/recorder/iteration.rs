@@ -15,7 +15,7 @@ use crate::stack::Stack;
 use crate::strings::StringId;
 use crate::vm::Vm;
 
-use super::{HeapRecorder, LiveObjectData, State, UpdateKind};
+use super::{HeapRecorder, LiveObjectData, State, UpdateKind, MAX_PENDING_RECORDINGS};
 
 /// Objects younger than this (not yet through a GC) are left out of iterations.
 pub const ITERATION_MIN_AGE: u64 = 1;
@@ -174,12 +174,25 @@ impl HeapRecorder {
     }
 }
 
-/// The notes a snapshot carries when `max_tracked_objects` bounded the recorder (see
-/// `Snapshot::notes`).
+/// The notes a snapshot carries when something bounded the recorder (see `Snapshot::notes`):
+/// `max_tracked_objects`, or recordings dropped before they reached it.
 fn bounded_notes(state: &State) -> Vec<String> {
     let cap = state.options.max_tracked_objects;
     let mut notes = Vec::new();
     let l = &state.lifetime;
+    let (full, locked) = (
+        l.deferred_recordings_skipped_buffer_full,
+        l.recordings_skipped_locked,
+    );
+    if full + locked > 0 {
+        notes.push(format!(
+            "datadog_heap: estimates are low: {} recordings were dropped unrecorded ({full} with \
+             the pending queue full ({MAX_PENDING_RECORDINGS}): many samples between two safe \
+             points, as in a long C call at a small sample_every; {locked} while a commit or \
+             update was mid-way in another thread)",
+            full + locked
+        ));
+    }
     if l.recordings_skipped_max_tracked > 0 {
         notes.push(format!(
             "datadog_heap: estimates are low: {} recordings were skipped at max_tracked_objects \

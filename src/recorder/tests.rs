@@ -260,6 +260,16 @@ fn buffer_full_is_counted_and_still_asks_for_a_commit() {
     let s = rec.stats().unwrap();
     assert_eq!(s.pending_recordings_count, 256);
     assert_eq!(s.lifetime.deferred_recordings_skipped_buffer_full, 44);
+    // The profile says its estimates are low, and why.
+    rec.commit(&mut vm).unwrap();
+    let snapshot = rec.prepare_iteration(&mut vm).unwrap();
+    assert!(
+        (snapshot.notes().iter()).any(|n| n.contains("estimates are low: 44 recordings were dropped unrecorded (44 with the pending queue full (256)")),
+        "{:?}",
+        snapshot.notes()
+    );
+    drop(snapshot);
+    rec.finish_iteration().unwrap();
 }
 
 #[test]
