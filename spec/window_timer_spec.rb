@@ -109,4 +109,35 @@ RSpec.describe "DatadogHeap.native_window_timer_safe?" do
     expect(native).to be(false)
     expect(parent).to match([be < 100, 1])
   end
+
+  # The handler is the windowed sampler's business: a process that only ever runs the countdown
+  # sampler (the default), forks, and exits gets none.
+  it "installs its signal handler only when a windowed sampler starts (Ruby < 3.3)" do
+    skip "Ruby >= 3.3 triggers the job without a signal" if Gem::Version.new(RUBY_VERSION) >= Gem::Version.new("3.3")
+
+    result = IO.popen([RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-rdatadog_heap", "-e", <<~'RUBY'], &:read)
+      def rt_caught
+        mask = File.read("/proc/self/status")[/^SigCgt:\s*(\h+)/, 1].to_i(16)
+        (34..64).select { |sig| mask[sig - 1] == 1 }
+      end
+      before = rt_caught
+      rec = DatadogHeap::Recorder.new(sample_every: 64)
+      rec.start
+      keep = Array.new(10_000) { Object.new }
+      reader, writer = IO.pipe
+      Process.wait(fork { writer.write(Marshal.dump(rt_caught)); writer.close; exit!(0) })
+      writer.close
+      in_child = Marshal.load(reader.read)
+      rec.stop
+      countdown = rt_caught | in_child
+      windowed = DatadogHeap::Recorder.new(sampler: :windowed)
+      windowed.start
+      after = rt_caught
+      windowed.stop
+      print Marshal.dump([before, countdown, after, keep.size])
+    RUBY
+    before, countdown, after, = Marshal.load(result) # rubocop:disable Security/MarshalLoad
+    expect(countdown).to eq(before)
+    expect(after - before).to contain_exactly(be_between(38, 64))
+  end
 end

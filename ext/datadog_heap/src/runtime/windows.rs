@@ -106,8 +106,9 @@ pub fn use_ruby_thread(forced: bool) {
     RUBY_THREAD_FORCED.store(forced, Ordering::Relaxed);
 }
 
-/// Whether the timer is the native thread (else the Ruby one). Before 3.3 the first call
-/// installs the timer's signal handler; without a free signal the timer is the Ruby thread.
+/// Whether the timer is the native thread (else the Ruby one). Before 3.3 this installs the
+/// timer's signal handler if it is not yet installed (without a free signal the timer is the
+/// Ruby thread): call it only where a timer is about to start (or to ask which one would).
 pub fn native_timer() -> bool {
     if RUBY_THREAD_FORCED.load(Ordering::Relaxed) {
         return false;
@@ -116,6 +117,18 @@ pub fn native_timer() -> bool {
     return true;
     #[cfg(not(ruby_gte_3_3))]
     return signalled::ready();
+}
+
+/// Whether a timer started so far was the native one. Installs nothing, so a process that never
+/// runs a windowed sampler never gets the signal handler (after a fork, at exit).
+fn native_in_use() -> bool {
+    if RUBY_THREAD_FORCED.load(Ordering::Relaxed) {
+        return false;
+    }
+    #[cfg(ruby_gte_3_3)]
+    return true;
+    #[cfg(not(ruby_gte_3_3))]
+    return signalled::installed();
 }
 
 /// The window job started: the request the timer made was served (see `signalled`).
@@ -132,7 +145,11 @@ pub fn seen_running() {
 
 /// Starts the timer at `rate`, changes its rate, or (`None`) stops it.
 pub fn set_rate(rate: Option<f64>) {
-    if native_timer() {
+    let native = match rate {
+        Some(_) => native_timer(),
+        None => native_in_use(),
+    };
+    if native {
         seen_running();
         return native::set_rate(rate);
     }
@@ -141,7 +158,7 @@ pub fn set_rate(rate: Option<f64>) {
 
 /// In a forked child (see each timer's own).
 pub fn after_fork() {
-    if native_timer() {
+    if native_in_use() {
         #[cfg(not(ruby_gte_3_3))]
         signalled::after_fork();
         return native::after_fork();
@@ -151,7 +168,7 @@ pub fn after_fork() {
 
 /// Stops the timer for good (process exit).
 pub fn shutdown() {
-    if native_timer() {
+    if native_in_use() {
         return native::shutdown();
     }
     ruby_thread::shutdown()
@@ -195,9 +212,14 @@ mod signalled {
         *SIGNAL.get_or_init(|| signal::install_rt_handler(on_signal).unwrap_or(0)) != 0
     }
 
+    /// Whether the handler was installed (never installs it).
+    pub fn installed() -> bool {
+        SIGNAL.get().is_some_and(|&s| s != 0)
+    }
+
     /// Remembers the calling thread (a Ruby thread holding the GVL). GVL held, so one writer.
     pub fn seen_running() {
-        if SIGNAL.get().copied().unwrap_or(0) == 0 {
+        if !installed() {
             return;
         }
         let tid = signal::current_tid();
