@@ -1,0 +1,38 @@
+# frozen_string_literal: true
+
+# Where a sample's time goes in the example service, with the recorder at its defaults: boots the
+# cluster with bench/service/stage_worker.rb in each worker, runs wrk for SECONDS (default 40),
+# and prints each worker's numbers: CPU, requests served (wrk's total split evenly), allocations,
+# samples, the budget's own total and each stage's (name, nanoseconds, count). Not part of
+# `rake bench`; README "The service's CPU per request" quotes one run.
+#
+# Run: ruby -Ilib bench/service/stage_run.rb
+require_relative "../support"
+require "tmpdir"
+require_relative "../../examples/service/cluster"
+
+seconds = Integer(ENV.fetch("SECONDS", "40"))
+Dir.mktmpdir("stage-run-") do |out|
+  env = {"RUBYOPT" => "-I#{ServiceCluster::LIB} -r#{File.join(__dir__, "stage_worker.rb")}", "STAGE_OUT" => out}
+  cluster = ServiceCluster::Cluster.new(env: env, log: File.join(out, "puma.log"))
+  begin
+    cluster.wait_booted
+    result = ServiceCluster.wrk(cluster.port, seconds: seconds, max_requests: 10**9)
+    sleep 2.5 # each worker writes every 2 s
+    cluster.stop
+  ensure
+    cluster.kill_all unless cluster.exited?
+  end
+  workers = Dir[File.join(out, "*.json")].map { |f| JSON.parse(File.read(f), symbolize_names: true) }
+  per_worker = result[:requests].fdiv(workers.size)
+  puts "#{result[:requests]} requests in #{(result[:duration_us] / 1e6).round(1)} s over #{workers.size} workers"
+  workers.each do |w|
+    samples = w[:stats][:sampler_samples_recorded]
+    stages = w[:stages].to_h { |name, ns, count| [name, [ns, count]] }
+    timed = %w[sample commit young_update].sum { |name| stages.fetch(name, [0])[0] }
+    puts format("worker: %.1f s CPU, %.0f allocations per request, %d samples, budget total %.3f s (%.2f%%), stages %.3f s, %.1f µs per sample",
+      w[:cpu], w[:allocations] / per_worker, samples, w[:stats][:sampler_overhead_ns_total] / 1e9,
+      100.0 * w[:stats][:sampler_overhead_ns_total] / 1e9 / w[:cpu], timed / 1e9, timed / 1e3 / [samples, 1].max)
+    puts "  " + stages.map { |name, (ns, count)| "#{name} #{(ns / 1e6).round(1)} ms / #{count}" }.join(", ")
+  end
+end
