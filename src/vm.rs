@@ -44,7 +44,7 @@ pub trait Vm {
     /// Whether `object`, allocated hidden and about to be committed, is still hidden: CRuby
     /// allocates some objects without a class and gives them one before the program sees them;
     /// those still without one are the VM's own buffers and tables, and their recordings are
-    /// dropped (see `HeapRecorder::record_hidden_allocation_from`). Never fails, never lets
+    /// dropped (see `HeapRecorder::record_sampled_allocation`). Never fails, never lets
     /// threads run.
     fn is_hidden(&self, object: ObjectRef) -> bool {
         let _ = object;

@@ -60,7 +60,7 @@ struct PendingRecording {
     record_id: i64,
     stack: Stack,
     data: LiveObjectData,
-    /// Allocated hidden (see [`HeapRecorder::record_hidden_allocation_from`]): the commit asks
+    /// Allocated hidden (see [`HeapRecorder::record_sampled_allocation`]): the commit asks
     /// the VM whether it still is.
     hidden_at_birth: bool,
 }
@@ -354,26 +354,16 @@ impl HeapRecorder {
         source: &S,
         alloc_gen: u64,
     ) -> Result<Recorded> {
-        self.record_from(object, weight, class_name, source, alloc_gen, false)
+        self.record_sampled_allocation(object, weight, class_name, source, alloc_gen, false)
     }
 
-    /// [`HeapRecorder::record_allocation_from`] for an object the VM allocated hidden (with no
-    /// class). CRuby makes some of the program's objects that way and gives them their class
-    /// before the program sees them (String#encode's result); others stay the VM's own. The
-    /// commit keeps the recording only if the object is no longer hidden then
-    /// ([`Vm::is_hidden`]); otherwise it drops it, counted in `recordings_dropped_hidden`.
-    pub fn record_hidden_allocation_from<S: FrameSource + ?Sized>(
-        &self,
-        object: ObjectRef,
-        weight: u64,
-        class_name: Option<&str>,
-        source: &S,
-        alloc_gen: u64,
-    ) -> Result<Recorded> {
-        self.record_from(object, weight, class_name, source, alloc_gen, true)
-    }
-
-    fn record_from<S: FrameSource + ?Sized>(
+    /// [`HeapRecorder::record_allocation_from`], saying whether the VM allocated the object
+    /// hidden (with no class). CRuby makes some of the program's objects that way and gives them
+    /// their class before the program sees them (String#encode's result); others stay the VM's
+    /// own. The commit keeps a recording made `hidden_at_birth` only if the object is no longer
+    /// hidden then ([`Vm::is_hidden`]); otherwise it drops it, counted in
+    /// `recordings_dropped_hidden`.
+    pub fn record_sampled_allocation<S: FrameSource + ?Sized>(
         &self,
         object: ObjectRef,
         weight: u64,

@@ -68,12 +68,13 @@ fn commit_drops_objects_still_hidden_and_keeps_revealed_ones() {
         let obj = vm.alloc(40);
         vm.obj(obj).hidden = true;
         let r = rec
-            .record_hidden_allocation_from(
+            .record_sampled_allocation(
                 obj,
                 1,
                 Some("String"),
                 frames("b", line).as_slice(),
                 vm.gc,
+                true,
             )
             .unwrap();
         assert_eq!(r.outcome, RecordOutcome::Pending);

@@ -110,25 +110,26 @@ pub fn use_ruby_thread(forced: bool) {
 /// timer's signal handler if it is not yet installed (without a free signal the timer is the
 /// Ruby thread): call it only where a timer is about to start (or to ask which one would).
 pub fn native_timer() -> bool {
-    if RUBY_THREAD_FORCED.load(Ordering::Relaxed) {
-        return false;
-    }
-    #[cfg(ruby_gte_3_3)]
-    return true;
-    #[cfg(not(ruby_gte_3_3))]
-    return signalled::ready();
+    native(true)
 }
 
-/// Whether a timer started so far was the native one. Installs nothing, so a process that never
-/// runs a windowed sampler never gets the signal handler (after a fork, at exit).
-fn native_in_use() -> bool {
+/// Whether the timer is the native thread; before 3.3, `install` lets this install the signal
+/// handler, else it answers whether an earlier start installed it, so a process that never runs
+/// a windowed sampler never gets the handler (after a fork, at exit).
+fn native(install: bool) -> bool {
     if RUBY_THREAD_FORCED.load(Ordering::Relaxed) {
         return false;
     }
     #[cfg(ruby_gte_3_3)]
-    return true;
+    return {
+        let _ = install;
+        true
+    };
     #[cfg(not(ruby_gte_3_3))]
-    return signalled::installed();
+    return match install {
+        true => signalled::ready(),
+        false => signalled::installed(),
+    };
 }
 
 /// The window job started: the request the timer made was served (see `signalled`).
@@ -145,11 +146,7 @@ pub fn seen_running() {
 
 /// Starts the timer at `rate`, changes its rate, or (`None`) stops it.
 pub fn set_rate(rate: Option<f64>) {
-    let native = match rate {
-        Some(_) => native_timer(),
-        None => native_in_use(),
-    };
-    if native {
+    if native(rate.is_some()) {
         seen_running();
         return native::set_rate(rate);
     }
@@ -158,7 +155,7 @@ pub fn set_rate(rate: Option<f64>) {
 
 /// In a forked child (see each timer's own).
 pub fn after_fork() {
-    if native_in_use() {
+    if native(false) {
         #[cfg(not(ruby_gte_3_3))]
         signalled::after_fork();
         return native::after_fork();
@@ -168,7 +165,7 @@ pub fn after_fork() {
 
 /// Stops the timer for good (process exit).
 pub fn shutdown() {
-    if native_in_use() {
+    if native(false) {
         return native::shutdown();
     }
     ruby_thread::shutdown()

@@ -380,23 +380,14 @@ pub fn sample(
     let hidden = shims::hidden_class_name(object);
     let class_name = hidden.unwrap_or_else(|| capture::class_name_of(object));
     let record = stage_costs::start(Stage::Record);
-    let recorded = if hidden.is_some() {
-        core.record_hidden_allocation_from(
-            object as usize,
-            weight,
-            Some(class_name),
-            &captured,
-            gc_count,
-        )
-    } else {
-        core.record_allocation_from(
-            object as usize,
-            weight,
-            Some(class_name),
-            &captured,
-            gc_count,
-        )
-    };
+    let recorded = core.record_sampled_allocation(
+        object as usize,
+        weight,
+        Some(class_name),
+        &captured,
+        gc_count,
+        hidden.is_some(),
+    );
     record.end();
     let recorded = match recorded {
         Ok(recorded) => recorded,
