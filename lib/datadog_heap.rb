@@ -48,8 +48,8 @@ module DatadogHeap
 
   # The window timer of the windowed sampler where the native one is not used (Ruby 3.3.0 with M:N
   # threads, no free real-time signal before 3.3, or DATADOG_HEAP_WINDOW_TIMER=ruby; see
-  # ext/datadog_heap/src/runtime/windows.rs): a Ruby thread that sleeps an exponential time (mean
-  # 1 / rate), then runs one tick, until no windowed recorder runs. Next to a CPU-bound thread it
+  # ext/datadog_heap/src/runtime/windows.rs): a Ruby thread that sleeps a random time (uniform
+  # between 0.5 and 1.5 times 1 / rate, as the native timer), then runs one tick, until no windowed recorder runs. Next to a CPU-bound thread it
   # gets the GVL back only every 100 ms. Started, retuned and stopped by the extension; one per
   # process.
   module WindowTimer
@@ -93,7 +93,7 @@ module DatadogHeap
 
       def run(generation)
         while @generation == generation && (rate = @rate)
-          sleep(-Math.log(1.0 - rand) / rate)
+          sleep((0.5 + rand) / rate)
           break unless @generation == generation
 
           next_rate = DatadogHeap._native_window_tick

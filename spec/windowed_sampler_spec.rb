@@ -179,6 +179,37 @@ RSpec.describe "windowed sampler" do
     expect_estimate(slow_estimate, slow, 64, "slow phase")
   end
 
+  it "shares each gap between the windows on either side of it (a sharp switch of workload)", :heavy do
+    # At the defaults (4096, 100 windows a second) a gap is about 10 ms of allocations; a tight
+    # loop of Arrays lasting a few gaps, then Strings in bursts. Crediting each gap to the window
+    # after it gave the Strings the Arrays' part of the gap at the switch, every run: the Arrays
+    # came out 6% low on average (0.85 to 0.99 of the truth over six runs), the Strings up to 22%
+    # high. Shared by the rates of the gaps around them, six runs averaged 0.999 and 0.98.
+    runs = in_child(180) do
+      Array.new(6) do
+        rec = DatadogHeap::Recorder.new(sampler: :windowed, sample_every: 4096, windows_per_second: 100, max_overhead: nil)
+        rec.start
+        fast = Array.new(600_000) { Array.new(1) }
+        slow = []
+        50.times do
+          6000.times { slow << String.new }
+          sleep 0.002
+        end
+        rec.stop
+        GC.start
+        counts = rec.each_live_object.each_with_object(Hash.new(0)) { |o, h| h[o.class_name] += o.weight }
+        [counts["Array"].to_f / fast.size, counts["String"].to_f / slow.size, rec.stats[:sampler_window_gaps_shared],
+          rec.stats[:sampler_window_rescales_lost]]
+      end
+    end
+    fast, slow, shared, lost = runs.transpose
+    # Six runs: the mean's deviation is about 0.01 for the Arrays, 0.02 for the Strings.
+    expect(fast.sum / fast.size).to be_within(0.04).of(1.0), "Arrays: #{fast.map { |r| r.round(3) }}"
+    expect(slow.sum / slow.size).to be_within(0.08).of(1.0), "Strings: #{slow.map { |r| r.round(3) }}"
+    expect(shared).to all(be > 5)
+    expect(lost).to all(eq 0)
+  end
+
   it "stops its timer with the last recorder, and a forked child starts its own" do
     result = in_child(60) do
       rec = DatadogHeap::Recorder.new(sampler: :windowed, windows_per_second: 200)

@@ -634,6 +634,60 @@ impl HeapRecorder {
             .unwrap_or(false)
     }
 
+    /// The newest record id handed out so far (0 before the first recording). Ids grow by one
+    /// per recording kept, so the recordings made between two readings are the ids after the
+    /// first reading up to the second.
+    pub fn last_record_id(&self) -> Result<i64> {
+        Ok(self.state_ref()?.next_record_id)
+    }
+
+    /// Multiplies the weight of every recording with an id in `after_id + 1 ..= up_to_id`,
+    /// pending or committed, by `factor` (rounded, at least 1): the windowed sampler moves part
+    /// of a gap's credit between two windows once it knows both. Recordings that died or were
+    /// dropped meanwhile are not there to scale. Returns how many were scaled. Never calls the
+    /// VM; refused (an error, nothing scaled) when the state or the queue is in use.
+    pub fn rescale_weights(&self, after_id: i64, up_to_id: i64, factor: f64) -> Result<u64> {
+        if !(factor.is_finite() && factor > 0.0) {
+            return Err(HeapError::Host(format!(
+                "weight factor must be finite and positive, got {factor}"
+            )));
+        }
+        let mut state = self.state()?;
+        let mut pending = self.pending()?;
+        let scale = |weight: &mut u64| {
+            let scaled = (*weight as f64 * factor).round();
+            *weight = match scaled >= 1.0 {
+                true => scaled.min((u64::MAX / 2) as f64) as u64,
+                false => 1,
+            };
+        };
+        let in_range = |id: i64| id > after_id && id <= up_to_id;
+        let mut scaled = 0;
+        for entry in pending.iter_mut().filter(|p| in_range(p.record_id)) {
+            scale(&mut entry.data.weight);
+            scaled += 1;
+        }
+        let span = up_to_id.saturating_sub(after_id).max(0) as usize;
+        if span <= state.object_records.len() {
+            for id in after_id.saturating_add(1)..=up_to_id {
+                if let Some(record) = state.object_records.get_mut(&id) {
+                    scale(&mut record.data.weight);
+                    scaled += 1;
+                }
+            }
+        } else {
+            for (_, record) in state
+                .object_records
+                .iter_mut()
+                .filter(|(id, _)| in_range(**id))
+            {
+                scale(&mut record.data.weight);
+                scaled += 1;
+            }
+        }
+        Ok(scaled)
+    }
+
     pub fn is_recorded(&self, record_id: i64) -> Result<bool> {
         Ok(self.state_ref()?.object_records.contains_key(&record_id))
     }

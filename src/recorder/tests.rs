@@ -1311,3 +1311,40 @@ fn thinning_is_halved_again_once_few_objects_are_tracked() {
     drop(snapshot);
     rec.finish_iteration().unwrap();
 }
+
+#[test]
+fn rescale_weights_scales_the_id_range_pending_and_committed_and_nothing_else() {
+    let rec = HeapRecorder::default();
+    let mut vm = FakeVm::new();
+    let weigh = |rec: &HeapRecorder, vm: &mut FakeVm, weight| {
+        let obj = vm.alloc(40);
+        let r = rec.record_allocation(obj, weight, Some("String"), &frames("a", 1), vm.gc);
+        assert_eq!(r.unwrap().outcome, RecordOutcome::Pending);
+    };
+    assert_eq!(rec.last_record_id().unwrap(), 0);
+    weigh(&rec, &mut vm, 100); // id 1: before the range
+    weigh(&rec, &mut vm, 100); // id 2: in it, committed below
+    rec.commit(&mut vm).unwrap();
+    weigh(&rec, &mut vm, 1000); // id 3: in it, still pending
+    weigh(&rec, &mut vm, 100); // id 4: after it
+    assert_eq!(rec.last_record_id().unwrap(), 4);
+
+    assert_eq!(rec.rescale_weights(1, 3, 1.5).unwrap(), 2);
+    // A factor that would round to nothing leaves a weight of 1.
+    assert_eq!(rec.rescale_weights(3, 4, 1e-9).unwrap(), 1);
+    rec.commit(&mut vm).unwrap();
+    let state = rec.state().unwrap();
+    let weights: Vec<u64> = (1..=4)
+        .map(|id| state.object_records[&id].data.weight)
+        .collect();
+    assert_eq!(weights, vec![100, 150, 1500, 1]);
+    drop(state);
+
+    let refused = rec.rescale_weights(0, 4, f64::NAN).unwrap_err();
+    assert!(refused.to_string().contains("NaN"), "{refused}");
+    let refused = rec.rescale_weights(0, 4, 0.0).unwrap_err();
+    assert!(refused.to_string().contains("positive"), "{refused}");
+    // An empty or reversed range scales nothing.
+    assert_eq!(rec.rescale_weights(4, 4, 2.0).unwrap(), 0);
+    assert_eq!(rec.rescale_weights(4, 1, 2.0).unwrap(), 0);
+}

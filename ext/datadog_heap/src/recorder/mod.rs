@@ -379,6 +379,8 @@ fn stats_hash(ruby: &Ruby, session: &Session) -> Result<RHash, Error> {
         ("sampler_time_ns_max", st.sampling_ns_max),
         ("sampler_windows_opened", st.windows_opened),
         ("sampler_windows_still_open", st.windows_still_open),
+        ("sampler_window_gaps_shared", st.window_gaps_shared),
+        ("sampler_window_rescales_lost", st.window_rescales_lost),
         ("sampler_window_allocations", st.window_allocations),
     ] {
         hash.aset(ruby.to_symbol(key), value)?;

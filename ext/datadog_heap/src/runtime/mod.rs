@@ -158,6 +158,12 @@ pub fn start(session: &Arc<Session>) -> Result<(), StartRefused> {
 /// Stops the built-in sampler for `session`; what it tracks stays. Idempotent; true if it ran.
 pub fn stop(session: &Session) -> bool {
     let was = session.is_running();
+    if was {
+        let now = busy::program_allocations();
+        session
+            .sampler
+            .close_out(session.config, now, &session.core);
+    }
     session.set_running(false);
     // Nothing is sampled until the next start, by when the frames it names may be gone.
     session.core.clear_stack_cache();

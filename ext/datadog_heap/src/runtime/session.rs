@@ -6,6 +6,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
 use datadog_heap_core::{HeapRecorder, RecorderOptions, UpdateKind};
 use magnus::{rb_sys::FromRawValue, Error, Ruby, Value};
@@ -235,9 +236,11 @@ impl Session {
     pub fn commit_from_job(&self, ruby: &Ruby) {
         let budget = &self.sampler.budget;
         let started = budget.start();
+        let wall = Instant::now();
         if let Err(e) = self.with_vm(ruby, |vm| self.core.commit(vm)) {
             self.keep_job_error(e);
         }
+        self.sampler.add_own_time(wall.elapsed().as_nanos() as u64);
         budget.charge_since(started);
         budget.maybe_adjust(super::busy::program_allocations);
     }
@@ -246,9 +249,11 @@ impl Session {
     /// Its time counts against the overhead budget.
     pub fn young_update_from_job(&self, ruby: &Ruby) {
         let started = self.sampler.budget.start();
+        let wall = Instant::now();
         if let Err(e) = self.with_vm(ruby, |vm| self.core.update(vm, UpdateKind::Young)) {
             self.keep_job_error(e);
         }
+        self.sampler.add_own_time(wall.elapsed().as_nanos() as u64);
         self.sampler.budget.charge_since(started);
     }
 

@@ -1,10 +1,10 @@
 //! Windowed sampling (see `sampler::Mode`): the timer that opens sampling windows, and the tick it
 //! causes, which runs with the GVL: young updates for sessions that met a GC since the last tick,
 //! then a window for each windowed session (each keeps a tick with probability its own rate over
-//! the timer's, so each gets its own Poisson stream of windows), then the hooks set to match.
+//! the timer's, so each gets its own random stream of windows at its rate), then the hooks set to match.
 //!
-//! The timer is a native thread that never touches the VM. It sleeps an exponential time with
-//! mean 1 / rate, then asks for the window job:
+//! The timer is a native thread that never touches the VM. It sleeps a random time with mean
+//! 1 / rate (see `next_delay_ns`), then asks for the window job:
 //! - Ruby >= 3.3: with `rb_postponed_job_trigger`, which is safe from a thread that is not a Ruby
 //!   thread: vm_trace.c finds no execution context there and flags the main Ractor's running one.
 //! - Ruby < 3.3: `rb_postponed_job_register_one` reads the caller's execution context, which a
@@ -76,7 +76,9 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
         if let (Some(rate), Some(top)) = (rate_of(session), timer_rate) {
             if rate >= top || uniform() < rate / top {
                 let now = super::busy::program_allocations();
-                session.sampler.open_window(session.config, now);
+                session
+                    .sampler
+                    .open_window(session.config, now, &session.core);
             }
         }
         std::hint::black_box(&map);
@@ -86,12 +88,14 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
     self::timer_rate(after.iter().map(|s| &**s))
 }
 
-/// Draws the time to the next tick: exponential with mean 1 / `rate`, in nanoseconds, at least
-/// 10 µs and at most 10 s.
+/// Draws the time to the next tick, in nanoseconds: uniform between half and one and a half
+/// times the mean 1 / `rate`, at least 10 µs and at most 10 s. Random, so the windows cannot
+/// keep step with a periodic program, but not exponential: a window's weight depends on the
+/// gaps on either side of it (see `sampler`), and exponential gaps, whose ratio has no finite
+/// mean, made the estimates twice as noisy.
 pub fn next_delay_ns(rate: f64) -> u64 {
-    let u = 1.0 - uniform(); // (0, 1]
     let mean = 1e9 / rate.max(1e-3);
-    (-(u.ln()) * mean).clamp(10_000.0, 10e9) as u64
+    ((0.5 + uniform()) * mean).clamp(10_000.0, 10e9) as u64
 }
 
 /// Set at load when the native timer must not be used on this Ruby (see `use_ruby_thread`).
