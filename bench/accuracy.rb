@@ -120,7 +120,7 @@ SETTINGS = Bench.pick(
 rows = SETTINGS.map do |every, iterations, cap|
   runs = Array.new(ROUNDS) do
     # Without the overhead budget, which would raise the interval above sample_every.
-    opts = {sample_every: every, max_overhead: nil}
+    opts = {sampler: :countdown, sample_every: every, max_overhead: nil}
     opts[:max_tracked_objects] = cap if cap
     rec = DatadogHeap::Recorder.new(**opts)
     rec.start

@@ -7,9 +7,10 @@
 # recorder on and off every PHASE seconds (bench/service/toggle.rb) under one steady wrk load, so
 # each "on" phase is compared with the "off" phases on either side of it, a few seconds apart.
 #
-# Rows: "recorder on/off" switches a Recorder at its defaults (countdown, sample_every 1024,
-# max_overhead 0.01; stop keeps what it tracks, so the tracked set grows over the run as it would);
-# "windowed recorder" the same with sampler: :windowed (sample_every 4096, 100 windows/s);
+# Rows: "recorder on/off" switches a Recorder at its defaults (windowed, sample_every 4096, 100
+# windows/s, max_overhead 0.01; stop keeps what it tracks, so the tracked set grows over the run
+# as it would); "countdown recorder" the same with sampler: :countdown (sample_every 1024, the
+# default before issue 22);
 # "empty NEWOBJ hook" switches a hook that does nothing (the floor any NEWOBJ sampler pays on
 # this Ruby); "A/A (both off)" switches nothing, the method's own noise. Each row is its own cluster; the
 # rows alternate round by round. CPU per request: process CPU time (all threads) over requests
@@ -28,7 +29,7 @@ ROUNDS = Bench.pick(2, 1)
 SECONDS = Bench.pick(60, 8)
 PHASE = Bench.pick(2.0, 1.0)
 WARMUP_REQUESTS = Bench.pick(10_000, 1_000)
-ALL_VARIANTS = {"recorder on/off" => "on", "windowed recorder on/off" => "windowed", "empty NEWOBJ hook on/off (VM floor)" => "hook",
+ALL_VARIANTS = {"recorder on/off (defaults)" => "on", "countdown recorder on/off" => "countdown", "empty NEWOBJ hook on/off (VM floor)" => "hook",
                 "A/A (both off)" => "off"}.freeze
 # TOGGLE_VARIANTS=on,off (modes, comma-separated) runs those rows only.
 VARIANTS = ENV["TOGGLE_VARIANTS"] ? ALL_VARIANTS.select { |_, m| ENV["TOGGLE_VARIANTS"].split(",").include?(m) } : ALL_VARIANTS

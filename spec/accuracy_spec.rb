@@ -22,7 +22,9 @@ RSpec.describe "countdown estimates", :heavy do
   end
 
   def estimate(sample_every, iterations, **options)
-    rec = DatadogHeap::Recorder.new(sample_every: sample_every, max_overhead: nil, **options)
+    # The countdown sampler's estimator (the windowed one has its own examples in
+    # windowed_sampler_spec.rb), also where sample_every alone would choose the windowed one.
+    rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: sample_every, max_overhead: nil, **options)
     DatadogHeap::Testing._native_set_seed(rec, 0x5eed + sample_every)
     rec.start
     keep = workload(iterations)

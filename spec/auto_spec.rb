@@ -55,7 +55,7 @@ RSpec.describe "require \"datadog_heap/auto\"" do
     expect(out).to match(/^pid \d+ kept/)
     expect(Dir.children(File.dirname(path))).to eq(["heap.pb.gz"])
     profile = DatadogHeap::Profile.load(path)
-    expect(profile.period).to eq(DatadogHeap::Recorder::SAMPLE_EVERY.fetch(DatadogHeap::Recorder::DEFAULTS[:sampler]))
+    expect(profile.period).to eq(DatadogHeap::Recorder::SAMPLE_EVERY.fetch(:windowed))
     expect(leak_sites(path)).not_to be_empty
   end
 
@@ -121,7 +121,7 @@ RSpec.describe "require \"datadog_heap/auto\"" do
     expect(err.lines).to contain_exactly(
       "datadog_heap/auto: ignoring DATADOG_HEAP_INTERVAL=\"soon\": expected a number of seconds > 0; writing a profile at exit only\n",
       "datadog_heap/auto: ignoring DATADOG_HEAP_SAMPLE_EVERY=\"0\": expected an Integer between 1 and 4294967295; using the sampler's default\n",
-      "datadog_heap/auto: ignoring DATADOG_HEAP_SAMPLER=\"often\": expected countdown or windowed; using the default countdown\n",
+      "datadog_heap/auto: ignoring DATADOG_HEAP_SAMPLER=\"often\": expected countdown or windowed; using the default (windowed, countdown for a sample_every below 1024)\n",
       "datadog_heap/auto: ignoring DATADOG_HEAP_MAX_OVERHEAD=\"lots\": expected a share of the CPU time above 0 and at most 1, or none; using the default 0.01\n"
     )
     expect(profiles.size).to eq(1) # no interval: the final profile only

@@ -8,10 +8,18 @@ RSpec.describe DatadogHeap::Recorder do
     it "has documented defaults and readers" do
       r = described_class.new
       expect([r.sampler, r.sample_every, r.windows_per_second, r.sample_rate, r.size_enabled, r.max_frames, r.max_tracked_objects])
-        .to eq([:countdown, 1024, nil, 1, true, 400, 262_144])
+        .to eq([:windowed, 4096, 100.0, 1, true, 400, 262_144])
       # sample_every's default follows the sampler.
-      r = described_class.new(sampler: :windowed)
-      expect([r.sampler, r.sample_every, r.windows_per_second]).to eq([:windowed, 4096, 100.0])
+      r = described_class.new(sampler: :countdown)
+      expect([r.sampler, r.sample_every, r.windows_per_second]).to eq([:countdown, 1024, nil])
+    end
+
+    it "defaults to the windowed sampler unless sample_every is below 1024" do
+      samplers = [{}, {sample_every: 1024}, {sample_every: 1023}, {sample_every: 1}, {sample_every: 64, windows_per_second: 50},
+        {sample_every: 4096, sampler: :countdown}].map { |opts| described_class.new(**opts).sampler }
+      expect(samplers).to eq(%i[windowed windowed countdown countdown windowed countdown])
+      expect { described_class.new(sampler: :countdown, windows_per_second: 50) }
+        .to raise_error(ArgumentError, /windows_per_second applies to sampler: :windowed only/)
     end
 
     it "rejects bad values naming the argument and the value" do

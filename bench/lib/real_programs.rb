@@ -139,7 +139,7 @@ module RealPrograms
   # samples; truth: "file:line" => [objects, bytes, sum of squared bytes].
   def measure(program, sample_every, dir)
     ObjectSpace.trace_object_allocations_start
-    rec = DatadogHeap::Recorder.new(sample_every: sample_every, max_overhead: nil)
+    rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: sample_every, max_overhead: nil)
     rec.start
     started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
     $real_programs_kept = program[:run].call(dir)

@@ -8,7 +8,8 @@
 # with the "off" phases beside it, so a change of load on the machine hits both states alike.
 # TOGGLE_MODE=off keeps the recorder off in both states (the method's own A/A noise);
 # TOGGLE_MODE=hook switches an empty NEWOBJ hook instead of the recorder (the VM's floor);
-# TOGGLE_MODE=windowed switches a recorder with sampler: :windowed (its other options default).
+# TOGGLE_MODE=windowed / countdown switches a recorder with that sampler (its other options
+# default).
 require "datadog_heap"
 require "json"
 
@@ -35,7 +36,7 @@ module ServiceToggle
 
     def switch(rec, on)
       case MODE
-      when "on", "windowed" then on ? rec.start : rec.stop
+      when "on", "windowed", "countdown" then on ? rec.start : rec.stop
       when "hook" then DatadogHeap::Testing._native_empty_hook(on)
       end
     end
@@ -43,7 +44,7 @@ module ServiceToggle
     # In each worker: alternate, and write the totals so far at each switch (a worker may be
     # killed at any time).
     def run
-      rec = (MODE == "windowed") ? DatadogHeap::Recorder.new(sampler: :windowed) : DatadogHeap::Recorder.new
+      rec = %w[windowed countdown].include?(MODE) ? DatadogHeap::Recorder.new(sampler: MODE.to_sym) : DatadogHeap::Recorder.new
       phases = []
       state = :off
       loop do

@@ -239,7 +239,8 @@ module DatadogHeap
         return found if found
 
         warn "datadog_heap/auto: ignoring #{ENV_SAMPLER}=#{value.inspect}: expected " \
-          "#{Recorder::SAMPLERS.join(" or ")}; using the default #{Recorder::DEFAULTS[:sampler]}"
+          "#{Recorder::SAMPLERS.join(" or ")}; using the default (windowed, countdown for a sample_every below " \
+          "#{Recorder::WINDOWED_FROM})"
         nil
       end
 

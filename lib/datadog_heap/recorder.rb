@@ -14,12 +14,15 @@ module DatadogHeap
   # - max_tracked_objects: most objects tracked at once; recordings past it are skipped and
   #   counted (stats[:lifetime_recordings_skipped_max_tracked]). The default keeps the
   #   recorder's own memory near 64 MiB at the cap.
-  # - sampler: :countdown (a geometric countdown over every allocation, from an allocation hook
-  #   installed all the time) or :windowed (a timer opens sampling windows at random times that
-  #   cover 64 / sample_every of the allocations; between them no hook is installed). Either way
-  #   a sample stands for sample_every allocations on average. See README, "Samplers".
+  # - sampler: :windowed (a timer opens sampling windows at random times that cover 64 /
+  #   sample_every of the allocations; between them no hook is installed) or :countdown (a
+  #   geometric countdown over every allocation, from an allocation hook installed all the time).
+  #   Either way a sample stands for sample_every allocations on average. Default: :windowed,
+  #   except with a sample_every below WINDOWED_FROM (1024), where windows would cover a sixteenth
+  #   of the allocations or more and save little: :countdown there. See README, "Samplers".
   # - windows_per_second: the windowed sampler's mean rate of windows (0 < rate <= 100_000);
-  #   only with sampler: :windowed. More windows, shorter ones: the same samples, spread finer.
+  #   only with the windowed sampler (given without sampler:, it chooses it). More windows,
+  #   shorter ones: the same samples, spread finer.
   # - max_overhead: the overhead budget, the largest share of the process's CPU time the
   #   sampler's own work (sampled hook calls, commits, young updates) may take (0 < share <= 1;
   #   default 0.01, 1%; nil: no budget). Over it, the sampler raises its mean interval above
@@ -39,8 +42,10 @@ module DatadogHeap
     # sample_every's default depends on the sampler (bench/mixed.rb and bench/allocation.rb: the
     # windowed sampler pays per sample what the countdown one pays on every allocation).
     SAMPLE_EVERY = {countdown: 1024, windowed: 4096}.freeze
+    # The smallest sample_every for which sampler: defaults to :windowed (see the options above).
+    WINDOWED_FROM = 1024
     DEFAULTS = {sample_every: nil, sample_rate: 1, size_enabled: true, max_frames: 400,
-                max_tracked_objects: 262_144, sampler: :countdown, windows_per_second: 100,
+                max_tracked_objects: 262_144, sampler: nil, windows_per_second: 100,
                 max_overhead: 0.01, rss_limit: nil, rss_step: nil, rss_output: nil}.freeze
     RSS_OPTIONS = %i[rss_limit rss_step rss_output].freeze
     RSS_DEPENDENT_OPTIONS = %i[rss_step rss_output].freeze
@@ -72,7 +77,9 @@ module DatadogHeap
     # the unknown-keyword message.
     def self.check_options(options, method = "#{name}.new")
       Validate.known_keys!(method, options, DEFAULTS)
+      given_rate = options.key?(:windows_per_second)
       options = DEFAULTS.merge(options)
+      options[:sampler] = default_sampler(options[:sample_every], given_rate) if NilClass === options[:sampler]
       Validate.one_of!(:sampler, options[:sampler], SAMPLERS)
       options[:sample_every] = SAMPLE_EVERY.fetch(options[:sampler]) if NilClass === options[:sample_every]
       Validate.integer!(:sample_every, options[:sample_every], 1, U32_MAX)
@@ -84,6 +91,14 @@ module DatadogHeap
       Validate.positive_number!(:max_overhead, options[:max_overhead], 1) unless NilClass === options[:max_overhead]
       check_rss_options(options)
     end
+
+    # The sampler when none is given: :windowed, unless sample_every is an Integer below
+    # WINDOWED_FROM and windows_per_second was not given. Calls no method on `sample_every`.
+    def self.default_sampler(sample_every, given_rate)
+      small = Integer === sample_every && sample_every < WINDOWED_FROM
+      (small && !given_rate) ? :countdown : :windowed
+    end
+    private_class_method :default_sampler
 
     # rss_limit, rss_step and rss_output checked, the defaults of the last two filled in.
     def self.check_rss_options(options)
