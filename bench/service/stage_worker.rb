@@ -14,7 +14,9 @@ module ServiceStages
 
   def self.run
     DatadogHeap::Testing._native_set_stage_costs(true)
-    rec = DatadogHeap::Recorder.new
+    # The countdown by default (the breakdown in README is the countdown's, the default then);
+    # STAGE_SAMPLER=windowed for the windowed sampler.
+    rec = DatadogHeap::Recorder.new(sampler: ENV.fetch("STAGE_SAMPLER", "countdown").to_sym)
     rec.start
     cpu0 = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
     gc0 = GC.stat.slice(:count, :total_allocated_objects)
