@@ -17,13 +17,12 @@
 //!   hook is installed and allocations run at full speed.
 //!
 //!   Once the window after a gap has closed too, the gap is shared between its two windows by
-//!   their allocation rates (see [`share_of_gap_before`]): the window before it gets back
-//!   `rate_before / (rate_before + rate_after)` of it, its records' weights scaled up and the
-//!   later window's down. Where the program switches workloads inside a gap (at a point in
-//!   time the timer does not know), that is what each side allocated in it on average; crediting
-//!   the whole gap to the later window gave the earlier workload's allocations to the later
-//!   one's sites. It also weighs a window that a timer happened to open in a slow stretch of the
-//!   program by how little that stretch allocates.
+//!   the program's allocation rates before and after it (see [`share_of_gap_before`] and
+//!   `share_last_gap`): the window before it gets back `rate_before / (rate_before +
+//!   rate_after)` of it, its records' weights scaled up and the later window's down. Where the
+//!   program switches workloads inside a gap (at a point in time the timer does not know), that
+//!   is what each side allocated in it on average; crediting the whole gap to the later window
+//!   gave the earlier workload's allocations to the later one's sites.
 
 mod budget;
 mod capture;
@@ -106,8 +105,8 @@ struct Credits {
     deferred: Vec<Rescale>,
 }
 
-/// The share of a gap that goes to the window before it, from the allocation rates of the
-/// windows on either side: with a switch of workload at a uniformly random time inside the gap,
+/// The share of a gap that goes to the window before it, from the program's allocation rates
+/// before and after the gap: with a switch of workload at a uniformly random time inside the gap,
 /// the earlier workload made `rate_before / (rate_before + rate_after)` of the gap's allocations
 /// on average. Half when a rate is unknown or not positive.
 pub fn share_of_gap_before(rate_before: Option<f64>, rate_after: Option<f64>) -> f64 {
@@ -241,7 +240,9 @@ impl SamplerState {
         self.window.set(Window::default());
         self.last_close.set(now);
         self.closed_at.set(None);
-        *self.credits.borrow_mut() = Credits::default();
+        if let Ok(mut credits) = self.credits.try_borrow_mut() {
+            *credits = Credits::default();
+        }
     }
 
     /// `config` with the mean interval in force: `sample_every` times the budget's scale.
