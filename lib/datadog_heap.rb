@@ -110,6 +110,60 @@ module DatadogHeap
     !(version == "3.3.0" && env["RUBY_MN_THREADS"] == "1")
   end
 
+  # Why the window timer should not send signals in this process, or nil. Before Ruby 3.3 the
+  # native timer signals the Ruby threads (see README, "Samplers"), and a signal can make a system
+  # call fail with EINTR; some native libraries then fail the operation instead of retrying it.
+  # These are the ones Datadog's profiler, which signals too, turns its signals off for:
+  # - rugged (libgit2): some operations fail when interrupted;
+  # - mysql2 over a libmysqlclient before 8.0.0 (MySQL bug #83109: a query fails when a signal
+  #   interrupts it), or of a version that cannot be read because Mysql2::Client is not loaded yet;
+  #   MariaDB's client (version < 5, headers >= 10) is fine;
+  # - passenger before 6.0.19.
+  # From Ruby 3.3 on the timer sends no signals: nil. The keywords are for the specs.
+  def self.signal_conflict(version: RUBY_VERSION, specs: Gem.loaded_specs, rugged: defined?(::Rugged),
+    mysql_info: -> { ::Mysql2::Client.info if defined?(::Mysql2::Client) && ::Mysql2::Client.respond_to?(:info) },
+    passenger: (::PhusionPassenger::VERSION_STRING if defined?(::PhusionPassenger::VERSION_STRING)))
+    return nil if Gem::Version.new(version) >= Gem::Version.new("3.3")
+
+    return "the rugged gem is loaded (some of its operations fail when a signal interrupts them)" if specs["rugged"] || rugged
+
+    if specs["mysql2"] || mysql_info.call
+      info = mysql_info.call
+      client = info && info[:version] && Gem::Version.new(info[:version])
+      headers = info && info[:header_version] && Gem::Version.new(info[:header_version])
+      mariadb = client && headers && client < Gem::Version.new("5") && headers >= Gem::Version.new("10")
+      unless mariadb || (client && client >= Gem::Version.new("8.0.0"))
+        return "the mysql2 gem is loaded with libmysqlclient #{client || "of a version not known yet"} (before 8.0.0 " \
+          "a query fails when a signal interrupts it, MySQL bug #83109)"
+      end
+    end
+
+    passenger ||= specs["passenger"]&.version&.to_s
+    if passenger && Gem::Version.new(passenger) < Gem::Version.new("6.0.19")
+      return "passenger #{passenger} is loaded (before 6.0.19 it fails when a signal interrupts it)"
+    end
+
+    nil
+  end
+
+  # Called by the first start of a windowed recorder, before its timer exists: where
+  # signal_conflict names a reason (and DATADOG_HEAP_WINDOW_TIMER is not set), the timer becomes
+  # a Ruby thread, which sends no signals, with a warning. A gem loaded after that first start is
+  # not seen. DATADOG_HEAP_WINDOW_TIMER=native skips the check.
+  def self.check_window_signals
+    return if @window_signals_checked
+
+    @window_signals_checked = true
+    return if ENV["DATADOG_HEAP_WINDOW_TIMER"].to_s != ""
+
+    reason = signal_conflict
+    return unless reason
+
+    _native_use_ruby_timer(true)
+    warn "datadog_heap: #{reason}; the windowed sampler's timer is a Ruby thread here and sends no signals " \
+      "(about 10 windows a second next to a busy thread; DATADOG_HEAP_WINDOW_TIMER=native sends them anyway)"
+  end
+
   # Stops all sampling before the first Ractor starts: allocation hooks are not Ractor-safe (on
   # Ruby 3.1 the VM itself crashes when a NEWOBJ hook runs while a Ractor allocates).
   module RactorGuard

@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "spec_helper"
+require "open3"
 
 # The Ruby timer thread of windowed sampling, where the native one is not used (the module exists
 # on every Ruby, so this runs everywhere with the native tick stood in for). A tick runs Ruby code
@@ -52,6 +53,50 @@ RSpec.describe "DatadogHeap.native_window_timer_safe?" do
     expect(DatadogHeap.native_window_timer_safe?("3.3.0", {})).to be(true)
     expect(DatadogHeap.native_window_timer_safe?("3.3.1", {"RUBY_MN_THREADS" => "1"})).to be(true)
     expect(DatadogHeap.native_window_timer_safe?("3.4.1", {"RUBY_MN_THREADS" => "1"})).to be(true)
+  end
+
+  describe "signal_conflict (gems that the timer's signals break before Ruby 3.3)" do
+    spec = Struct.new(:version)
+    no_mysql = -> {}
+
+    it "names rugged, an old libmysqlclient and an old passenger, and nothing from Ruby 3.3 on" do
+      conflict = ->(**kw) { DatadogHeap.signal_conflict(version: "3.1.2", specs: {}, rugged: nil, mysql_info: no_mysql, passenger: nil, **kw) }
+      expect(conflict.call).to be_nil
+      expect(conflict.call(specs: {"rugged" => spec.new("1.7.1")})).to match(/rugged gem is loaded/)
+      expect(conflict.call(mysql_info: -> { {version: "5.7.30", header_version: "5.7.30"} }))
+        .to match(/mysql2 gem is loaded with libmysqlclient 5\.7\.30 .*#83109/)
+      expect(conflict.call(specs: {"mysql2" => spec.new("0.5.5")})).to match(/libmysqlclient of a version not known yet/)
+      expect(conflict.call(specs: {"mysql2" => spec.new("0.5.5")}, mysql_info: -> { {version: "8.0.35", header_version: "8.0.35"} })).to be_nil
+      # MariaDB's connector reports its own 3.x version with 10.x+ headers.
+      expect(conflict.call(mysql_info: -> { {version: "3.3.8", header_version: "11.2.2"} })).to be_nil
+      expect(conflict.call(passenger: "6.0.18")).to match(/passenger 6\.0\.18 is loaded/)
+      expect(conflict.call(specs: {"passenger" => spec.new(Gem::Version.new("6.0.17"))})).to match(/passenger 6\.0\.17/)
+      expect(conflict.call(passenger: "6.0.19")).to be_nil
+      expect(DatadogHeap.signal_conflict(version: "3.3.0", specs: {"rugged" => spec.new("1.7.1")}, rugged: nil, mysql_info: no_mysql,
+        passenger: "5.0.0")).to be_nil
+    end
+
+    it "makes the first windowed start use the Ruby thread timer, with a warning, unless DATADOG_HEAP_WINDOW_TIMER is set" do
+      skip "the timer sends no signals from Ruby 3.3 on" if RUBY_VERSION >= "3.3"
+      script = <<~'RUBY'
+        Gem.loaded_specs["rugged"] = Gem::Specification.new { |s| s.name = "rugged"; s.version = "1.7.1" }
+        DatadogHeap::Recorder.new(sampler: :countdown).tap(&:start).stop # a countdown start checks nothing
+        rec = DatadogHeap::Recorder.new
+        rec.start
+        print Marshal.dump(DatadogHeap._native_native_window_timer)
+        rec.stop
+      RUBY
+      run = lambda do |env|
+        out, err, status = Open3.capture3(env, RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-rdatadog_heap", "-e", script)
+        expect(status).to be_success, err
+        [Marshal.load(out), err.lines.grep(/datadog_heap: the rugged/)] # rubocop:disable Security/MarshalLoad
+      end
+      native, warnings = run.call({})
+      expect(native).to be(false)
+      expect(warnings).to contain_exactly(a_string_matching(/rugged gem is loaded .* timer is a Ruby thread here and sends no signals/))
+      native, warnings = run.call({"DATADOG_HEAP_WINDOW_TIMER" => "native"})
+      expect([native, warnings]).to eq([true, []])
+    end
   end
 
   it "runs the timer as a Ruby thread when asked to, and windows still open" do

@@ -118,6 +118,17 @@ module DatadogHeap
     end
     private_class_method :check_rss_options
 
+    alias_method :_native_start, :start
+    private :_native_start
+
+    # Starts sampling (see README, "Samplers and the recorder lifecycle"). The first start of a
+    # windowed recorder in the process first checks, before Ruby 3.3, for gems that the window
+    # timer's signals would break (DatadogHeap.check_window_signals).
+    def start
+      DatadogHeap.check_window_signals if windows_per_second
+      _native_start
+    end
+
     # :countdown or :windowed (see the options above).
     def sampler
       windows_per_second ? :windowed : :countdown
