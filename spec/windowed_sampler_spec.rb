@@ -179,21 +179,22 @@ RSpec.describe "windowed sampler" do
     expect_estimate(slow_estimate, slow, 64, "slow phase")
   end
 
-  it "shares each gap between the windows on either side of it (a sharp switch of workload)", :heavy do
+  it "gives a gap back to the window before it when the program slowed down in it", :heavy do
     # At the defaults (4096, 100 windows a second) a gap is about 10 ms of allocations; a tight
-    # loop of Arrays lasting a few gaps, then Strings in bursts. Crediting each gap to the window
-    # after it gave the Strings the Arrays' part of the gap at the switch, every run: the Arrays
-    # came out 6% low on average (0.85 to 0.99 of the truth over six runs), the Strings up to 22%
-    # high. Shared by the rates of the gaps around them, six runs averaged 0.999 and 0.98.
+    # loop of Arrays lasting a few gaps, then Strings in bursts between sleeps (about ten times
+    # slower). Crediting each gap to the window after it gave the Strings the Arrays' part of the
+    # gap at the switch, every run: twelve runs averaged 0.949 of the truth for the Arrays
+    # (0.889 to 0.992) and 1.066 for the Strings. Moving back the part of the gap the rates
+    # explain: 0.990 (0.960 to 1.001) and 0.991.
     runs = in_child(180) do
       Array.new(6) do
         rec = DatadogHeap::Recorder.new(sampler: :windowed, sample_every: 4096, windows_per_second: 100, max_overhead: nil)
         rec.start
         fast = Array.new(600_000) { Array.new(1) }
         slow = []
-        50.times do
-          6000.times { slow << String.new }
-          sleep 0.002
+        100.times do
+          3000.times { slow << String.new }
+          sleep 0.004
         end
         rec.stop
         GC.start
@@ -203,10 +204,11 @@ RSpec.describe "windowed sampler" do
       end
     end
     fast, slow, shared, lost = runs.transpose
-    # Six runs: the mean's deviation is about 0.01 for the Arrays, 0.02 for the Strings.
-    expect(fast.sum / fast.size).to be_within(0.04).of(1.0), "Arrays: #{fast.map { |r| r.round(3) }}"
+    # Six runs: the mean's deviation is about 0.004 for the Arrays (0.012 without the sharing),
+    # 0.016 for the Strings.
+    expect(fast.sum / fast.size).to be_within(0.03).of(1.0), "Arrays: #{fast.map { |r| r.round(3) }}"
     expect(slow.sum / slow.size).to be_within(0.08).of(1.0), "Strings: #{slow.map { |r| r.round(3) }}"
-    expect(shared).to all(be > 5)
+    expect(shared).to all(be >= 1)
     expect(lost).to all(eq 0)
   end
 
