@@ -48,7 +48,10 @@ RSpec.describe "the example puma service under the profiler", :stress do
 
   def run_scenario
     @started = monotonic
-    @cluster = ServiceCluster::Cluster.new(env: ServiceCluster.profiler_env(@out, interval: 1), log: File.join(@dir, "puma.log"))
+    # The default sampler (windowed) at sample_every 1024, not its default 4096: the noise bounds
+    # below count samples that stand for 1024 objects each.
+    @cluster = ServiceCluster::Cluster.new(env: ServiceCluster.profiler_env(@out, interval: 1, sample_every: 1024),
+      log: File.join(@dir, "puma.log"))
     @cluster.wait_booted(2)
     @first_workers = @cluster.boots.map(&:last)
     @loads = []
