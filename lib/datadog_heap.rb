@@ -127,8 +127,8 @@ module DatadogHeap
 
     return "the rugged gem is loaded (some of its operations fail when a signal interrupts them)" if specs["rugged"] || rugged
 
-    if specs["mysql2"] || mysql_info.call
-      info = mysql_info.call
+    info = mysql_info.call
+    if specs["mysql2"] || info
       client = info && info[:version] && Gem::Version.new(info[:version])
       headers = info && info[:header_version] && Gem::Version.new(info[:header_version])
       mariadb = client && headers && client < Gem::Version.new("5") && headers >= Gem::Version.new("10")

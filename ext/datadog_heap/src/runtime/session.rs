@@ -234,25 +234,30 @@ impl Session {
     /// The commit from the postponed job: errors are kept, never raised.
     /// Its time counts against the overhead budget, which may then rescale the interval.
     pub fn commit_from_job(&self, ruby: &Ruby) {
-        let budget = &self.sampler.budget;
-        let started = budget.start();
-        let wall = Instant::now();
-        if let Err(e) = self.with_vm(ruby, |vm| self.core.commit(vm)) {
-            self.keep_job_error(e);
-        }
-        self.sampler.add_own_time(wall.elapsed().as_nanos() as u64);
-        budget.charge_since(started);
-        budget.maybe_adjust(super::busy::program_allocations);
+        self.own_work(|| {
+            if let Err(e) = self.with_vm(ruby, |vm| self.core.commit(vm)) {
+                self.keep_job_error(e);
+            }
+        });
+        (self.sampler.budget).maybe_adjust(super::busy::program_allocations);
     }
 
     /// The gated young update from the GC-end job: errors are kept, never raised.
     /// Its time counts against the overhead budget.
     pub fn young_update_from_job(&self, ruby: &Ruby) {
+        self.own_work(|| {
+            if let Err(e) = self.with_vm(ruby, |vm| self.core.update(vm, UpdateKind::Young)) {
+                self.keep_job_error(e);
+            }
+        });
+    }
+
+    /// Runs `work`, a job's share of our own work: its thread CPU time counts against the
+    /// overhead budget, its wall time is left out of the windowed sampler's gap rates.
+    fn own_work(&self, work: impl FnOnce()) {
         let started = self.sampler.budget.start();
         let wall = Instant::now();
-        if let Err(e) = self.with_vm(ruby, |vm| self.core.update(vm, UpdateKind::Young)) {
-            self.keep_job_error(e);
-        }
+        work();
         self.sampler.add_own_time(wall.elapsed().as_nanos() as u64);
         self.sampler.budget.charge_since(started);
     }

@@ -88,8 +88,21 @@ struct Credited {
     /// Allocations its records stand for now: the gap before it, itself, and what later moves
     /// gave or took.
     credit: f64,
-    /// `credit` when it opened (the gap before it and itself).
-    first_credit: f64,
+}
+
+impl Credited {
+    /// How much more credit it may take (see `MAX_CREDIT_GROWTH`): its first credit is the gap
+    /// before it and itself.
+    fn room(&self) -> f64 {
+        ((self.gap + self.length) as f64 * MAX_CREDIT_GROWTH - self.credit).max(0.0)
+    }
+
+    /// Adds `change` to its credit and queues the matching scaling of its records.
+    fn change_credit(&mut self, change: f64, deferred: &mut Vec<Rescale>) {
+        let credit = self.credit + change;
+        deferred.push((self.after_id, self.up_to_id, credit / self.credit));
+        self.credit = credit;
+    }
 }
 
 /// A weight change waiting for the core: the ids after `.0` up to `.1`, times `.2`.
@@ -133,7 +146,7 @@ struct Credits {
 /// misleads most (the program slowed down: a fast gap credited to slow sites), moves nothing
 /// when nothing changed, and leaves at most `min(p, 1 - p)` of the gap where it was, against
 /// `p` without any sharing.
-pub fn share_of_gap_before(rate_before: Option<f64>, rate_after: Option<f64>) -> f64 {
+fn share_of_gap_before(rate_before: Option<f64>, rate_after: Option<f64>) -> f64 {
     match (rate_before, rate_after) {
         (Some(b), Some(a)) if b > a && a >= 0.0 && (a + b).is_finite() => (b - a) / (b + a),
         _ => 0.0,
@@ -309,9 +322,6 @@ impl SamplerState {
         });
         let last_id = core.last_record_id().ok();
         if let Ok(mut credits) = self.credits.try_borrow_mut() {
-            if !self.gap_sharing.get() {
-                credits.last = None;
-            }
             share_last_gap(&mut credits, &mut stats, last_id, gap_rate);
             apply_rescales(&mut credits.deferred, &mut stats, core);
             credits.before_last = credits.last.take();
@@ -332,7 +342,9 @@ impl SamplerState {
         });
         self.last_close.set(now.saturating_add(length));
         self.closed_at.set(None);
-        if let (Ok(mut credits), Some(after_id)) = (self.credits.try_borrow_mut(), last_id) {
+        // With gap sharing off (a test switch) no window is kept, so none is shared or closed out.
+        let kept = last_id.filter(|_| self.gap_sharing.get());
+        if let (Ok(mut credits), Some(after_id)) = (self.credits.try_borrow_mut(), kept) {
             credits.last = Some(Credited {
                 after_id,
                 up_to_id: after_id,
@@ -340,14 +352,14 @@ impl SamplerState {
                 gap_rate,
                 length,
                 credit: gap as f64 + length as f64,
-                first_credit: gap as f64 + length as f64,
             });
         }
     }
+
     /// Windowed mode, when sampling stops at the program's allocation count `now`: the last
     /// window's records take the allocations since it closed (no later window will share them;
-    /// up to `MAX_CREDIT_GROWTH` times its first credit),
-    /// or, if it is still open, give back the part of it that never came. Queued weight changes
+    /// up to `MAX_CREDIT_GROWTH` times its first credit), or, if it is still open, give back the
+    /// part of it that never came. Queued weight changes
     /// that `core` still refuses are given up, counted. Needs the GVL; never from the hook.
     pub fn close_out(&self, config: SampleConfig, now: u64, core: &HeapRecorder) {
         let Mode::Windowed { .. } = config.mode else {
@@ -359,23 +371,18 @@ impl SamplerState {
             return;
         };
         let window = self.window.get();
-        if !self.gap_sharing.get() {
-            credits.last = None;
-        }
+        let credits = &mut *credits;
         if let (Some(last), Ok(up_to_id)) = (credits.last.as_mut(), core.last_record_id()) {
             last.up_to_id = up_to_id;
             // Capped as a shared gap is: the allocations after the last window can be many times
             // what it stands for (a program that stops sampling after a long stretch no window
             // saw), and were credited whole once, one String site 114 times its due.
-            let room = last.first_credit * MAX_CREDIT_GROWTH - last.credit;
             let change = match window.open {
                 true => -(window.left.min(last.length) as f64),
-                false => (now.saturating_sub(self.last_close.get()) as f64).min(room.max(0.0)),
+                false => (now.saturating_sub(self.last_close.get()) as f64).min(last.room()),
             };
-            let credit = last.credit + change;
-            if change != 0.0 && credit > 0.0 {
-                let rescale = (last.after_id, last.up_to_id, credit / last.credit);
-                credits.deferred.push(rescale);
+            if change != 0.0 && last.credit + change > 0.0 {
+                last.change_credit(change, &mut credits.deferred);
             }
         }
         apply_rescales(&mut credits.deferred, &mut stats, core);
@@ -515,18 +522,13 @@ fn share_last_gap(
     };
     // At most the window's first credit again: on a bursty program a small window next to a large
     // gap could otherwise come to stand for many times its length (see `MAX_CREDIT_GROWTH`).
-    let room = before.first_credit * MAX_CREDIT_GROWTH - before.credit;
-    let moved = (last.gap as f64 * share_of_gap_before(before.gap_rate, gap_rate)).min(room);
+    let moved =
+        (last.gap as f64 * share_of_gap_before(before.gap_rate, gap_rate)).min(before.room());
     if !(moved > 0.0 && before.credit > 0.0 && last.credit > moved) {
         return;
     }
-    for (window, change) in [(before, moved), (last, -moved)] {
-        let credit = window.credit + change;
-        credits
-            .deferred
-            .push((window.after_id, window.up_to_id, credit / window.credit));
-        window.credit = credit;
-    }
+    before.change_credit(moved, &mut credits.deferred);
+    last.change_credit(-moved, &mut credits.deferred);
     stats.window_gaps_shared += 1;
 }
 
