@@ -252,3 +252,45 @@ fn layouts_match_libdatadog_v40_and_heap_recorder_h() {
     assert_eq!(size_of::<LiveObjectData>(), 48);
     assert_eq!(size_of::<IterationData>(), 64);
 }
+
+thread_local! {
+    /// The recorder whose pending queue `obj_id_after_gc` marks, as the shim's mark function does.
+    static MARKING: Cell<*const HeapRecorder<Counting>> = const { Cell::new(std::ptr::null()) };
+    /// Objects asked for an id while the mark function did not see them.
+    static UNMARKED: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `rb_obj_id` as it behaves when it allocates and a GC runs inside it: the mark function walks
+/// the pending objects, and an object it does not reach would be freed before its id is read.
+extern "C" fn obj_id_after_gc(obj: usize, out: *mut i64) -> i32 {
+    let recorder = MARKING.with(|m| m.get());
+    let mut marked = Vec::new();
+    // SAFETY: the test points MARKING at a recorder that outlives the finalize call, on this thread.
+    unsafe { &*recorder }.for_each_pending_object(|o| marked.push(o));
+    if !marked.contains(&obj) {
+        UNMARKED.with(|u| u.borrow_mut().push(obj));
+    }
+    obj_id(obj, out)
+}
+
+#[test]
+fn pending_objects_stay_marked_while_their_ids_are_taken() {
+    GC.with(|g| g.set(0));
+    let r = HeapRecorder::new(
+        DdheapHost {
+            obj_id: obj_id_after_gc,
+            ..host()
+        },
+        Counting::default(),
+    );
+    MARKING.with(|m| m.set(&r));
+    for obj in 200..210 {
+        record(&r, obj, &[loc("x", "x.rb", 1)]);
+    }
+    r.finalize_pending_recordings().unwrap();
+    MARKING.with(|m| m.set(std::ptr::null()));
+    assert_eq!(UNMARKED.with(|u| u.borrow().clone()), Vec::<usize>::new());
+    let s = r.state_snapshot();
+    assert_eq!((s.num_object_records, s.pending_recordings_count), (10, 0));
+    assert_eq!(s.lifetime.deferred_recordings_finalized, 10);
+}

@@ -7,13 +7,12 @@ use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use datadog_heap_core::stats::ewma;
 use rustc_hash::FxHashMap;
 
-use crate::types::{
-    CharSlice, DdheapHost, IterationData, LiveObjectData, Location, ManagedStringId, SliceLocation,
-    LOOKUP_ALIVE, LOOKUP_DEAD,
-};
+use crate::types::{CharSlice, DdheapHost, LiveObjectData, Location, ManagedStringId};
+
+mod iteration;
+mod update;
 
 /// Objects younger than this many GCs are left out of iterations.
 pub const ITERATION_MIN_AGE: usize = 1;
@@ -346,20 +345,33 @@ impl<S: StringTable> HeapRecorder<S> {
     }
 
     /// From a postponed job: takes each pending object's id and commits it. Calls the VM.
+    ///
+    /// Each recording stays on the queue, where the shim's mark function sees it, until its id
+    /// is taken: `rb_obj_id` may run a GC, which would otherwise free (or reuse the slot of) an
+    /// object whose recording is only on this stack. Only the recordings queued when the call
+    /// began are taken; any that the id calls cause wait for the next call.
     pub fn finalize_pending_recordings(&self) -> Outcome<()> {
-        // During an update another thread may have released the GVL to us: leave the queue for
-        // the next call instead of changing object_records under the update.
-        let pending = self.with(|s| {
-            if s.updating {
-                return Vec::new();
-            }
-            s.lifetime.deferred_recordings_finalized += s.pending.len() as u64;
-            std::mem::take(&mut s.pending)
-        });
+        let queued = self.with(|s| s.pending.len());
         let mut result = Ok(());
-        for p in pending {
+        for _ in 0..queued {
+            // During an update another thread may have released the GVL to us: leave the rest of
+            // the queue for the next call instead of changing object_records under the update.
+            let Some(object) = self.with(|s| match s.updating {
+                true => None,
+                false => s.pending.first().map(|p| p.object),
+            }) else {
+                break;
+            };
             let mut id = 0i64;
-            let rc = (self.host.obj_id)(p.object, &mut id);
+            let rc = (self.host.obj_id)(object, &mut id);
+            // Another thread the id call let in may have taken it meanwhile.
+            let Some(p) = self.with(|s| {
+                let at = s.pending.iter().position(|p| p.object == object)?;
+                s.lifetime.deferred_recordings_finalized += 1;
+                Some(s.pending.remove(at))
+            }) else {
+                continue;
+            };
             let outcome = match rc {
                 0 => self.commit(id, p),
                 -1 => {
@@ -426,206 +438,6 @@ impl<S: StringTable> HeapRecorder<S> {
         let _ = self.strings.unintern_all(&ids);
     }
 
-    pub fn update_young_objects(&self) -> Outcome<()> {
-        self.update(false)
-    }
-
-    fn update(&self, full: bool) -> Outcome<()> {
-        loop {
-            let busy = self.with(|s| {
-                if s.updating && !full {
-                    s.lifetime.updates_skipped_concurrent += 1;
-                }
-                s.updating
-            });
-            if !busy {
-                break;
-            }
-            if !full {
-                return Ok(());
-            }
-            let rc = (self.host.thread_schedule)();
-            if rc != 0 {
-                return Err(Failure::RubyTag(rc));
-            }
-        }
-        let gc = (self.host.gc_count)();
-        let now = (self.host.now_ns)();
-        let iterating = self.iterating.load(Ordering::Acquire);
-        let go = self.with(|s| {
-            if iterating {
-                return false;
-            }
-            if !full {
-                if gc == s.update_gen {
-                    s.lifetime.updates_skipped_gcgen += 1;
-                    return false;
-                }
-                if now > 0 && now - s.last_update_ns < MIN_TIME_BETWEEN_UPDATES_NS {
-                    s.lifetime.updates_skipped_time += 1;
-                    return false;
-                }
-            }
-            s.updating = true;
-            s.last_update = LastUpdate::default();
-            s.update_gen = gc;
-            s.update_include_old = full;
-            true
-        });
-        if !go {
-            return Ok(());
-        }
-        let ids: Vec<i64> = self.with(|s| s.object_records.keys().copied().collect());
-        let mut result = Ok(());
-        for id in ids {
-            if let Err(e) = self.update_one(id, gc, full) {
-                result = Err(e);
-                break;
-            }
-        }
-        self.with(|s| {
-            s.last_update_ns = now;
-            s.lifetime.updates_successful += 1;
-            let (l, lu) = (&mut s.lifetime, s.last_update);
-            if full {
-                l.ewma_objects_alive = ewma(l.ewma_objects_alive, lu.objects_alive as f64);
-                l.ewma_objects_dead = ewma(l.ewma_objects_dead, lu.objects_dead as f64);
-                l.ewma_objects_skipped = ewma(l.ewma_objects_skipped, lu.objects_skipped as f64);
-            } else {
-                l.ewma_young_objects_alive =
-                    ewma(l.ewma_young_objects_alive, lu.objects_alive as f64);
-                l.ewma_young_objects_dead = ewma(l.ewma_young_objects_dead, lu.objects_dead as f64);
-                l.ewma_young_objects_skipped =
-                    ewma(l.ewma_young_objects_skipped, lu.objects_skipped as f64);
-            }
-            s.updating = false;
-        });
-        result
-    }
-
-    fn update_one(&self, id: i64, gc: usize, full: bool) -> Outcome<()> {
-        let check = self.with(|s| {
-            let size_enabled = s.size_enabled;
-            let r = s.object_records.get_mut(&id)?;
-            r.data.gen_age = gc.saturating_sub(r.data.alloc_gen);
-            if r.data.gen_age == 0 || (!full && r.data.gen_age >= OLD_AGE) {
-                s.last_update.objects_skipped += 1;
-                return None;
-            }
-            Some(size_enabled && full && !r.data.is_frozen)
-        });
-        let Some(measure) = check else { return Ok(()) };
-        let (mut size, mut frozen) = (0usize, false);
-        match (self.host.lookup)(id, measure, &mut size, &mut frozen) {
-            LOOKUP_DEAD => {
-                let removed = self.with(|s| {
-                    s.last_update.objects_dead += 1;
-                    s.object_records.remove(&id)
-                });
-                if let Some(r) = removed {
-                    self.drop_record(&r.heap_record, r.data.class);
-                }
-                Ok(())
-            }
-            LOOKUP_ALIVE => {
-                self.with(|s| {
-                    if let Some(r) = s.object_records.get_mut(&id) {
-                        if measure {
-                            r.data.size = size;
-                            r.data.is_frozen = frozen;
-                        }
-                        s.last_update.objects_alive += 1;
-                        if r.data.is_frozen {
-                            s.last_update.objects_frozen += 1;
-                        }
-                    }
-                });
-                Ok(())
-            }
-            negated_tag => Err(Failure::RubyTag(-negated_tag)),
-        }
-    }
-
-    pub fn prepare_iteration(&self) -> Outcome<()> {
-        if self.iterating.load(Ordering::Acquire) {
-            return Err(Failure::Runtime(
-                "New heap recorder iteration prepared without the previous one having been finished."
-                    .into(),
-            ));
-        }
-        self.update(true)?;
-        let records: Vec<_> = self.with(|s| {
-            s.object_records
-                .values()
-                .map(|r| (r.heap_record.clone(), r.data))
-                .collect()
-        });
-        let deepest = records.iter().map(|(h, _)| h.len()).max().unwrap_or(0);
-        // SAFETY: `iterating` was false until just now, so no iteration reads the snapshot, and we
-        // hold the GVL so no other prepare/finish runs.
-        let snap = unsafe { &mut *self.snapshot.get() };
-        snap.records = records;
-        snap.locations.clear();
-        snap.locations.reserve(deepest);
-        self.iterating.store(true, Ordering::Release);
-        Ok(())
-    }
-
-    pub fn finish_iteration(&self) -> Outcome<()> {
-        if !self.iterating.load(Ordering::Acquire) {
-            return Err(Failure::Runtime(
-                "Heap recorder iteration finished without having been prepared.".into(),
-            ));
-        }
-        self.finish_iteration_unchecked();
-        Ok(())
-    }
-
-    fn finish_iteration_unchecked(&self) {
-        // SAFETY: under the GVL; the profiler finishes only after its iteration returned.
-        let snap = unsafe { &mut *self.snapshot.get() };
-        snap.records = Vec::new();
-        snap.locations = Vec::new();
-        self.iterating.store(false, Ordering::Release);
-    }
-
-    /// May run without the GVL: reads only the snapshot, calls no VM function, never raises.
-    /// Returns false when no iteration was prepared.
-    ///
-    /// # Safety
-    /// Called between prepare and finish, never concurrently with itself.
-    pub unsafe fn for_each_live_object(&self, mut f: impl FnMut(IterationData) -> bool) -> bool {
-        // SAFETY: the caller keeps us between prepare and finish and alone; prepare/finish are the
-        // only writers of the snapshot.
-        let snap = unsafe { &mut *self.snapshot.get() };
-        if !self.iterating.load(Ordering::Acquire) {
-            return false;
-        }
-        let Snapshot { records, locations } = snap;
-        for (frames, data) in records.iter() {
-            if data.gen_age < ITERATION_MIN_AGE {
-                continue;
-            }
-            locations.clear();
-            locations.extend(
-                frames
-                    .iter()
-                    .map(|fr| Location::by_ids(fr.name, fr.filename, fr.line)),
-            );
-            let item = IterationData {
-                locations: SliceLocation {
-                    ptr: locations.as_ptr(),
-                    len: locations.len(),
-                },
-                object_data: *data,
-            };
-            if !f(item) {
-                break;
-            }
-        }
-        true
-    }
-
     pub fn state_snapshot(&self) -> StateSnapshot {
         self.with(|s| StateSnapshot {
             num_object_records: s.object_records.len(),
@@ -654,7 +466,8 @@ impl<S: StringTable> HeapRecorder<S> {
         })
     }
 
-    /// Ids every record and pending recording holds, for freeing without uninterning.
+    /// Interns `s` `times` times, one call each or (`use_all`) in one batch: the profiler's
+    /// string-storage benchmark.
     pub fn benchmark_intern(&self, s: CharSlice, times: usize, use_all: bool) -> Outcome<()> {
         if use_all {
             let slices = vec![s; times];
