@@ -212,6 +212,34 @@ RSpec.describe "windowed sampler" do
     expect(lost).to all(eq 0)
   end
 
+  it "weighs a window that stop cut short by the part of it that came" do
+    # A long gap of retained Strings, then a window at one a second, then more Strings inside it
+    # and `stop` before it closes: the window's samples stand for the gap and the part of the
+    # window that came. Scaling them as if the window had completed gave a(G + a) / L instead of
+    # G + a: 0.49 of the truth for 4,000 Strings into a window of about 8,000.
+    ratios = in_child(120) do
+      Array.new(3) do |run|
+        rec = windowed(sample_every: 4096, windows_per_second: 1)
+        DatadogHeap::Testing._native_set_seed(rec, 1000 + run)
+        rec.start
+        kept = Array.new(504_000) { String.new }
+        # Waits without allocating, so the gap holds the Strings only.
+        nil until DatadogHeap::Testing._native_newobj_hook
+        4_000.times { kept << String.new }
+        open_at_stop = DatadogHeap::Testing._native_newobj_hook
+        rec.stop
+        GC.start
+        estimate = rec.each_live_object.sum { |o| o.class_name == "String" ? o.weight : 0 }
+        [estimate.to_f / kept.size, open_at_stop]
+      end
+    end
+    estimates, open = ratios.transpose
+    expect(open).to all(be true)
+    # About 60 samples a run stand for the whole gap: each run is within about 15%, their mean 9%.
+    mean = estimates.sum / estimates.size
+    expect(mean).to be_within(0.27).of(1.0), "estimate / truth per run: #{estimates.map { |r| r.round(3) }}"
+  end
+
   it "stops its timer with the last recorder, and a forked child starts its own" do
     result = in_child(60) do
       rec = DatadogHeap::Recorder.new(sampler: :windowed, windows_per_second: 200)

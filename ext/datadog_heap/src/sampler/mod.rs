@@ -25,19 +25,21 @@
 
 mod budget;
 mod capture;
+mod credits;
 mod frame_names;
+mod sampled;
 
 use std::cell::{Cell, RefCell};
 use std::time::Instant;
 
-use datadog_heap_core::{HeapError, HeapRecorder, RecordOutcome, MAX_FRAMES_LIMIT};
+use datadog_heap_core::{HeapRecorder, MAX_FRAMES_LIMIT};
 use rb_sys::VALUE;
 
-use crate::shims;
-use crate::stage_costs::{self, Stage};
 pub use budget::{Budget, CostClock};
 use capture::CapturedStack;
+use credits::{apply_rescales, share_last_gap, Credited, Credits, MIN_RATE_GAP};
 pub use frame_names::frame_name;
+pub use sampled::sample;
 
 /// Mean allocations between two samples inside a window. Near where a sample's own cost (about
 /// 1.5 µs) spread over the interval matches the slow path every allocation in a window pays
@@ -69,88 +71,6 @@ struct Window {
     left: u64,
     /// (gap + window) / window: what each of its samples' intervals is multiplied by.
     scale: f64,
-}
-
-/// A window whose records may still have their weights moved (see the module docs).
-#[derive(Clone, Copy)]
-struct Credited {
-    /// Its recordings are the core's ids after this one, up to `up_to_id`.
-    after_id: i64,
-    /// Set once the next window opens (no recording of this session happens between).
-    up_to_id: i64,
-    /// Allocations in the gap before it.
-    gap: u64,
-    /// The program's allocations per second in that gap (our own work's time left out); `None`
-    /// for the first window, whose gap began when sampling started.
-    gap_rate: Option<f64>,
-    /// Allocations in it.
-    length: u64,
-    /// Allocations its records stand for now: the gap before it, itself, and what later moves
-    /// gave or took.
-    credit: f64,
-}
-
-impl Credited {
-    /// How much more credit it may take (see `MAX_CREDIT_GROWTH`): its first credit is the gap
-    /// before it and itself.
-    fn room(&self) -> f64 {
-        ((self.gap + self.length) as f64 * MAX_CREDIT_GROWTH - self.credit).max(0.0)
-    }
-
-    /// Adds `change` to its credit and queues the matching scaling of its records.
-    fn change_credit(&mut self, change: f64, deferred: &mut Vec<Rescale>) {
-        let credit = self.credit + change;
-        deferred.push((self.after_id, self.up_to_id, credit / self.credit));
-        self.credit = credit;
-    }
-}
-
-/// A weight change waiting for the core: the ids after `.0` up to `.1`, times `.2`.
-type Rescale = (i64, i64, f64);
-
-/// Most a window's credit may grow, over its first: a gap given back to the window before it
-/// stops there, and so do the allocations after the last window at stop (uncapped, a program
-/// that allocated 10,000 objects after its last window, a String window standing for 88, had
-/// that window's samples stand for 114 times as much). At twice, a switch of workload was
-/// sometimes not given back whole (Arrays 0.892 of the truth in one run of twelve).
-const MAX_CREDIT_GROWTH: f64 = 3.0;
-
-/// Fewest allocations in a gap for its rate to count (see `share_of_gap_before`): in gaps of a
-/// few bursts (tens of allocations, at a small `sample_every` and many windows a second) the
-/// rate says more about where the bursts fell than about the program, and one gap can hold ten
-/// times the next (7 to 87 allocations in a row in spec/windowed_sampler_spec.rb's slow phase).
-const MIN_RATE_GAP: u64 = 512;
-
-/// Most weight changes that wait for a core in use before the oldest is given up (counted).
-const MAX_DEFERRED_RESCALES: usize = 32;
-
-/// Windowed mode: the last two windows and the weight changes not applied yet.
-#[derive(Default)]
-struct Credits {
-    before_last: Option<Credited>,
-    last: Option<Credited>,
-    deferred: Vec<Rescale>,
-}
-
-/// The share of a gap that goes back to the window before it, from the program's allocation
-/// rates before and after the gap: the part of the gap that the difference of the rates
-/// explains, `(rate_before - rate_after) / (rate_before + rate_after)`, when the program
-/// allocated faster before the gap; nothing otherwise (or when a rate is unknown).
-///
-/// With a switch of workload at a uniformly random time inside the gap, the earlier workload made
-/// `p = rate_before / (rate_before + rate_after)` of the gap's allocations on average, and the
-/// later window, which holds the whole gap first, owes it that. Moving all of `p` removed the
-/// bias, but when nothing switched it moved half of every gap between windows of unequal size
-/// on noisy rates: on a bursty program (allocations in bursts between sleeps) the estimates'
-/// spread was 0.036-0.042 against 0.011 without sharing. Moving `2p - 1` of it keeps the correction where the gap
-/// misleads most (the program slowed down: a fast gap credited to slow sites), moves nothing
-/// when nothing changed, and leaves at most `min(p, 1 - p)` of the gap where it was, against
-/// `p` without any sharing.
-fn share_of_gap_before(rate_before: Option<f64>, rate_after: Option<f64>) -> f64 {
-    match (rate_before, rate_after) {
-        (Some(b), Some(a)) if b > a && a >= 0.0 && (a + b).is_finite() => (b - a) / (b + a),
-        _ => 0.0,
-    }
 }
 
 /// When and how one session samples.
@@ -357,10 +277,9 @@ impl SamplerState {
     }
 
     /// Windowed mode, when sampling stops at the program's allocation count `now`: the last
-    /// window's records take the allocations since it closed (no later window will share them;
-    /// up to `MAX_CREDIT_GROWTH` times its first credit), or, if it is still open, give back the
-    /// part of it that never came. Queued weight changes
-    /// that `core` still refuses are given up, counted. Needs the GVL; never from the hook.
+    /// window's records take the allocations since it closed, or, if it is still open, stand for
+    /// the part of it that came and no more (see `Credited`). Queued weight changes that `core`
+    /// still refuses are given up, counted. Needs the GVL; never from the hook.
     pub fn close_out(&self, config: SampleConfig, now: u64, core: &HeapRecorder) {
         let Mode::Windowed { .. } = config.mode else {
             return;
@@ -374,15 +293,15 @@ impl SamplerState {
         let credits = &mut *credits;
         if let (Some(last), Ok(up_to_id)) = (credits.last.as_mut(), core.last_record_id()) {
             last.up_to_id = up_to_id;
-            // Capped as a shared gap is: the allocations after the last window can be many times
-            // what it stands for (a program that stops sampling after a long stretch no window
-            // saw), and were credited whole once, one String site 114 times its due.
-            let change = match window.open {
-                true => -(window.left.min(last.length) as f64),
-                false => (now.saturating_sub(self.last_close.get()) as f64).min(last.room()),
-            };
-            if change != 0.0 && last.credit + change > 0.0 {
-                last.change_credit(change, &mut credits.deferred);
+            match window.open {
+                true => last.cut_short(
+                    last.length.saturating_sub(window.left),
+                    &mut credits.deferred,
+                ),
+                false => last.take_the_rest(
+                    now.saturating_sub(self.last_close.get()),
+                    &mut credits.deferred,
+                ),
             }
         }
         apply_rescales(&mut credits.deferred, &mut stats, core);
@@ -499,53 +418,6 @@ impl SamplerState {
     }
 }
 
-/// The window that closed last (`credits.last`) is complete: its records are the ids up to
-/// `last_id`. If the window before it is known too, moves part of the gap between the two (the
-/// one before `last`) to the earlier one, by the rates of the gaps on either side of that pair:
-/// the one before the earlier window and the one just ended (`gap_rate`). Those are the
-/// program's rates over whole gaps, away from both windows' own samples (a window's own rate,
-/// over a few hundred allocations, moved with the time its samples cost: estimates came out 3 to
-/// 10% low). The changes are queued in `credits.deferred`.
-fn share_last_gap(
-    credits: &mut Credits,
-    stats: &mut SamplerStats,
-    last_id: Option<i64>,
-    gap_rate: Option<f64>,
-) {
-    let (Some(last), Some(up_to_id)) = (credits.last.as_mut(), last_id) else {
-        credits.last = None;
-        return;
-    };
-    last.up_to_id = up_to_id;
-    let Some(before) = credits.before_last.as_mut() else {
-        return;
-    };
-    // At most the window's first credit again: on a bursty program a small window next to a large
-    // gap could otherwise come to stand for many times its length (see `MAX_CREDIT_GROWTH`).
-    let moved =
-        (last.gap as f64 * share_of_gap_before(before.gap_rate, gap_rate)).min(before.room());
-    if !(moved > 0.0 && before.credit > 0.0 && last.credit > moved) {
-        return;
-    }
-    before.change_credit(moved, &mut credits.deferred);
-    last.change_credit(-moved, &mut credits.deferred);
-    stats.window_gaps_shared += 1;
-}
-
-/// Applies the queued weight changes `core` takes now, keeping the rest for the next window (the
-/// core is in use while a commit or update of it is suspended mid-way); past
-/// `MAX_DEFERRED_RESCALES` the oldest are given up, counted.
-fn apply_rescales(deferred: &mut Vec<Rescale>, stats: &mut SamplerStats, core: &HeapRecorder) {
-    deferred.retain(|&(after_id, up_to_id, factor)| {
-        core.rescale_weights(after_id, up_to_id, factor).is_err()
-    });
-    if deferred.len() > MAX_DEFERRED_RESCALES {
-        let lost = deferred.len() - MAX_DEFERRED_RESCALES;
-        deferred.drain(..lost);
-        stats.window_rescales_lost += lost as u64;
-    }
-}
-
 /// A seed from the clock and the pid (so a forked child differs from its parent).
 fn seed() -> u64 {
     let t = Instant::now().elapsed().as_nanos() as u64;
@@ -554,90 +426,4 @@ fn seed() -> u64 {
         .map(|d| d.as_nanos() as u64)
         .unwrap_or(0);
     (now ^ t ^ (u64::from(std::process::id()) << 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
-}
-
-/// Takes the due sample of `object` into `core`: `Ok(true)` when something waits for a commit
-/// (the caller asks for the commit job). `busy` says the allocating thread is inside our own
-/// native work, whose allocations are not the program's. An error means the core refused in a
-/// way that should disable recording; every other outcome is counted in `state.stats`.
-///
-/// Runs inside the NEWOBJ hook, GVL held; see the module docs for what it never does.
-pub fn sample(
-    state: &SamplerState,
-    core: &HeapRecorder,
-    config: SampleConfig,
-    object: VALUE,
-    busy: bool,
-) -> Result<bool, HeapError> {
-    let mut stats = state
-        .stats
-        .try_borrow_mut()
-        .map_err(|_| HeapError::Host("sampler state in use (reentrant hook)".into()))?;
-    let weight = state.on_due(&mut stats, config);
-    stats.samples_taken += 1;
-    if busy {
-        stats.skipped_reentrant += 1;
-        return Ok(core.has_pending());
-    }
-    // Hidden objects of ordinary types are sampled: the VM reveals some before the program gets
-    // them, and the commit drops those still hidden (see `shims::is_never_the_programs`).
-    if shims::is_never_the_programs(object) {
-        stats.skipped_internal += 1;
-        return Ok(core.has_pending());
-    }
-    let started = Instant::now();
-    let cpu_started = state.budget.start();
-    let probe = stage_costs::start(Stage::Sample);
-    let mut frames = state
-        .frames
-        .try_borrow_mut()
-        .map_err(|_| HeapError::Host("frame buffer in use (reentrant hook)".into()))?;
-    let mut lines = state
-        .lines
-        .try_borrow_mut()
-        .map_err(|_| HeapError::Host("line buffer in use (reentrant hook)".into()))?;
-    let capacity = frames.len().min(lines.len());
-    let capture = stage_costs::start(Stage::Capture);
-    let depth = shims::profile_frames(&mut frames[..capacity], &mut lines[..capacity]);
-    capture.end();
-    let gc_count = shims::gc_count();
-    let captured = CapturedStack {
-        frames: &frames[..depth],
-        lines: &lines[..depth],
-        capacity,
-        max_frames: config.max_frames,
-        gc_count,
-    };
-    let hidden = shims::hidden_class_name(object);
-    let class_name = hidden.unwrap_or_else(|| capture::class_name_of(object));
-    let record = stage_costs::start(Stage::Record);
-    let recorded = core.record_sampled_allocation(
-        object as usize,
-        weight,
-        Some(class_name),
-        &captured,
-        gc_count,
-        hidden.is_some(),
-    );
-    record.end();
-    let recorded = match recorded {
-        Ok(recorded) => recorded,
-        Err(e) => {
-            stats.hook_errors += 1;
-            return Err(e);
-        }
-    };
-    if recorded.outcome == RecordOutcome::Pending {
-        stats.samples_recorded += 1;
-    } else {
-        stats.skipped_by_recorder += 1;
-    }
-    probe.end();
-    let spent = started.elapsed().as_nanos() as u64;
-    stats.sampling_ns_total = stats.sampling_ns_total.wrapping_add(spent);
-    state.add_own_time(spent);
-    stats.sampling_ns_max = stats.sampling_ns_max.max(spent);
-    state.budget.charge_since(cpu_started);
-    state.budget.charge_sample();
-    Ok(recorded.needs_commit)
 }
