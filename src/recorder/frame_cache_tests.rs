@@ -8,6 +8,8 @@ use std::sync::Arc;
 use super::*;
 use crate::fake_vm::FakeVm;
 use crate::frame_cache::FrameKey;
+use crate::stack::RawFrame;
+use crate::stack_cache::FrameSource;
 use crate::stack_cache::RawStackKey;
 
 /// A capture with per-frame keys: handle i names `names[i]`, at line i + 1 of app.rb.

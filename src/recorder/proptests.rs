@@ -6,6 +6,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::fake_vm::FakeVm;
+use crate::stack::RawFrame;
 
 const SITES: [&str; 4] = ["alpha", "beta", "gamma", "delta"];
 const CLASSES: [Option<&str>; 3] = [Some("String"), Some("Array"), None];

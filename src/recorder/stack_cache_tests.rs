@@ -10,6 +10,8 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::fake_vm::FakeVm;
+use crate::stack::RawFrame;
+use crate::stack_cache::FrameSource;
 use crate::stack_cache::RawStackKey;
 
 /// A captured stack as the binding sees it: handles and lines (the key), and the names they

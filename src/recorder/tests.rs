@@ -1,6 +1,7 @@
 use super::*;
 use crate::fake_vm::FakeVm;
 use crate::recorder::update::{UpdateKind, UpdateOutcome, OLD_AGE};
+use crate::stack::RawFrame;
 
 /// A thread other than the fake VM's own (which is 1), as holder of the soft lock.
 const OTHER_THREAD: crate::lock::ThreadId = 2;

@@ -1,0 +1,253 @@
+//! Recording: a sampled allocation's stack made into (or found among) the heap records, and the
+//! recording queued for the next commit. Reached from the NEWOBJ hook: see each function's
+//! contract.
+
+use super::{
+    refs_of, HeapRecorder, LiveObjectData, PendingRecording, RecordOutcome, Recorded, State,
+    MAX_PENDING_RECORDINGS,
+};
+use crate::error::{HeapError, Result, FIXNUM_MAX};
+use crate::stack::{RawFrame, Stack};
+use crate::stack_cache::FrameSource;
+use crate::strings::Batch;
+use crate::vm::ObjectRef;
+
+/// The heap record for `source`'s stack with its count raised by one, and whether the record is
+/// new. A cache hit raises the count of the cached stack, interning nothing; a miss (or a cached
+/// stack that is no longer a record) names the frames, acquires them, and caches the result.
+fn acquire_stack<S: FrameSource + ?Sized>(
+    state: &mut State,
+    strings: &mut Batch<'_>,
+    source: &S,
+) -> Result<(Stack, bool)> {
+    let State {
+        heap_records,
+        stack_cache,
+        frame_cache,
+        lifetime,
+        ..
+    } = state;
+    let key = source.key().filter(|_| stack_cache.is_active());
+    if let Some(key) = &key {
+        if let Some(stack) = stack_cache.get(key) {
+            if heap_records.acquire_existing(stack)? {
+                lifetime.stack_cache_hits += 1;
+                return Ok((stack.clone(), false));
+            }
+        }
+        lifetime.stack_cache_misses += 1;
+    }
+    let mut keys = std::mem::take(&mut frame_cache.keys);
+    let epoch = match stack_cache.is_active() {
+        true => source.frame_keys(&mut keys),
+        false => None,
+    };
+    let stack = match epoch {
+        Some(epoch) => frame_cache
+            .enter(strings, epoch)
+            .and_then(|()| heap_records.acquire_cached(strings, frame_cache, &keys, source)),
+        None => source.with_frames(&mut |frames| heap_records.acquire(strings, frames)),
+    };
+    keys.clear();
+    frame_cache.keys = keys;
+    let stack = stack?;
+    if let Some(key) = &key {
+        stack_cache.insert(key, &stack);
+    }
+    let fresh = heap_records.count(&stack) == 1;
+    Ok((stack, fresh))
+}
+
+impl HeapRecorder {
+    /// Records one sampled allocation: it becomes pending until a commit puts it in the liveness
+    /// table. `alloc_gen` is the current GC count.
+    ///
+    /// Called from the NEWOBJ hook: needs the GVL, never loses it, never calls the VM, allocates
+    /// only through Rust's allocator (and not at all when the stack is already known), and never
+    /// waits for a lock. Everything that can fail happens before the push, so an error leaves no
+    /// half-built entry and no string reference behind.
+    pub fn record_allocation(
+        &self,
+        object: ObjectRef,
+        weight: u64,
+        class_name: Option<&str>,
+        frames: &[RawFrame<'_>],
+        alloc_gen: u64,
+    ) -> Result<Recorded> {
+        self.record_allocation_from(object, weight, class_name, frames, alloc_gen)
+    }
+
+    /// [`HeapRecorder::record_allocation`] with frames that are named only when needed: when
+    /// `source` has a raw key and the stack cache knows it (and its stack is still a heap record),
+    /// the recording shares that stack without naming or interning anything, allocating nothing.
+    /// Same contract otherwise.
+    pub fn record_allocation_from<S: FrameSource + ?Sized>(
+        &self,
+        object: ObjectRef,
+        weight: u64,
+        class_name: Option<&str>,
+        source: &S,
+        alloc_gen: u64,
+    ) -> Result<Recorded> {
+        self.record_sampled_allocation(object, weight, class_name, source, alloc_gen, false)
+    }
+
+    /// [`HeapRecorder::record_allocation_from`], saying whether the VM allocated the object
+    /// hidden (with no class). CRuby makes some of the program's objects that way and gives them
+    /// their class before the program sees them (String#encode's result); others stay the VM's
+    /// own. The commit keeps a recording made `hidden_at_birth` only if the object is no longer
+    /// hidden then ([`Vm::is_hidden`]); otherwise it drops it, counted in
+    /// `recordings_dropped_hidden`.
+    pub fn record_sampled_allocation<S: FrameSource + ?Sized>(
+        &self,
+        object: ObjectRef,
+        weight: u64,
+        class_name: Option<&str>,
+        source: &S,
+        alloc_gen: u64,
+        hidden_at_birth: bool,
+    ) -> Result<Recorded> {
+        let mut state = self.state()?;
+        let mut pending = self.pending()?;
+        state.lifetime.recordings_attempted += 1;
+        let result = self.record_locked_state(
+            &mut state,
+            &mut pending,
+            object,
+            weight,
+            class_name,
+            source,
+            alloc_gen,
+            hidden_at_birth,
+        );
+        if result.is_err() {
+            state.lifetime.recordings_failed += 1;
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn record_locked_state<S: FrameSource + ?Sized>(
+        &self,
+        state: &mut State,
+        pending: &mut Vec<PendingRecording>,
+        object: ObjectRef,
+        weight: u64,
+        class_name: Option<&str>,
+        source: &S,
+        alloc_gen: u64,
+        hidden_at_birth: bool,
+    ) -> Result<Recorded> {
+        // Anything pending asks for a commit, even when this allocation is skipped: a commit that
+        // was asked for earlier may not have run yet.
+        let needs_commit = !pending.is_empty();
+        let skipped = |_: &mut State, outcome| {
+            Ok(Recorded {
+                outcome,
+                needs_commit,
+            })
+        };
+
+        if state.next_record_id >= FIXNUM_MAX {
+            return Err(HeapError::RecordIdsExhausted { max: FIXNUM_MAX });
+        }
+        state.since_last_kept += 1;
+        if state.since_last_kept < state.options.sample_rate {
+            state.lifetime.recordings_skipped_sample_rate += 1;
+            return skipped(state, RecordOutcome::SkippedSampleRate);
+        }
+        if state.thinning > 1 && state.next_random() % state.thinning != 0 {
+            // This one stood for `sample_rate` recordings; the next one kept stands for it.
+            state.since_last_kept = 0;
+            state.lifetime.recordings_skipped_thinned += 1;
+            return skipped(state, RecordOutcome::SkippedThinned);
+        }
+        if self.lock.is_held() {
+            // A commit or update is mid-way (maybe suspended in another thread): touching what it
+            // works on is not safe, so this one is dropped, and counted.
+            state.lifetime.recordings_skipped_locked += 1;
+            return skipped(state, RecordOutcome::SkippedLocked);
+        }
+        if pending.len() >= MAX_PENDING_RECORDINGS {
+            state.lifetime.deferred_recordings_skipped_buffer_full += 1;
+            return skipped(state, RecordOutcome::SkippedBufferFull);
+        }
+        if state.object_records.len() + pending.len() >= state.options.max_tracked_objects {
+            state.lifetime.recordings_skipped_max_tracked += 1;
+            return skipped(state, RecordOutcome::SkippedMaxTracked);
+        }
+        // Nothing holds the storage across a VM call or off the GVL, so it is free whenever the
+        // VM allocates; finding it held is a bug, reported rather than waited on.
+        let mut strings = self.strings.try_lock().ok_or_else(|| {
+            HeapError::Host("the string storage is held during an allocation".into())
+        })?;
+        state.since_last_kept = 0;
+
+        let weight = weight
+            .checked_mul(u64::from(state.options.sample_rate))
+            .and_then(|w| w.checked_mul(state.thinning))
+            .ok_or(HeapError::WeightOverflow {
+                weight,
+                sample_rate: state.options.sample_rate,
+            })?;
+        let class = strings.intern(class_name.unwrap_or(""))?;
+        let (stack, fresh) = match acquire_stack(state, &mut strings, source) {
+            Ok(acquired) => acquired,
+            Err(e) => {
+                let _ = strings.unintern(class);
+                return Err(e);
+            }
+        };
+        // The id is taken last: nothing can fail after this point.
+        state.next_record_id += 1;
+        let record_id = state.next_record_id;
+        state.string_refs += u64::from(class != 0) + if fresh { refs_of(&stack) } else { 0 };
+        pending.push(PendingRecording {
+            object,
+            record_id,
+            stack,
+            data: LiveObjectData {
+                weight,
+                class,
+                alloc_gen,
+                size: 0,
+                gen_age: 0,
+                frozen: false,
+                size_final: false,
+            },
+            hidden_at_birth,
+        });
+        Ok(Recorded {
+            outcome: RecordOutcome::Pending,
+            needs_commit: true,
+        })
+    }
+
+    /// Sizes the stack cache, so the sampling path never has to. Call when sampling starts.
+    pub fn reserve_stack_cache(&self) -> Result<()> {
+        self.state()?.stack_cache.reserve();
+        Ok(())
+    }
+
+    /// Forgets every cached stack (keeping the table) and every cached frame. The stack cache
+    /// holds no reference in the recorder; the frame cache gives its references back. Skipped,
+    /// harmlessly, if the state or the storage is in use.
+    pub fn clear_stack_cache(&self) {
+        if let Ok(mut state) = self.state.try_borrow_mut() {
+            state.stack_cache.clear();
+            if let Some(mut strings) = self.strings.try_lock() {
+                let _ = state.frame_cache.clear(&mut strings);
+            }
+        }
+    }
+
+    /// Test switch: with the caches off every recording names and interns its frames.
+    pub fn set_stack_cache_enabled(&self, enabled: bool) -> Result<()> {
+        let mut state = self.state()?;
+        state.stack_cache.set_enabled(enabled);
+        if !enabled {
+            state.frame_cache.clear(&mut self.strings.lock()?)?;
+        }
+        Ok(())
+    }
+}
