@@ -110,6 +110,13 @@ impl Vm for FakeVm {
         Ok(())
     }
 
+    fn forget(&mut self, record_ids: &[i64]) -> Result<()> {
+        for id in record_ids {
+            self.table.remove(id);
+        }
+        Ok(())
+    }
+
     fn lookup(&mut self, record_id: i64, measure_size: bool) -> Result<Option<LiveInfo>> {
         Self::tick(&mut self.fail_lookup_after, "lookup")?;
         self.lookup_calls += 1;

@@ -27,6 +27,10 @@ pub trait Vm {
     /// and may let other threads run before it returns.
     fn remember(&mut self, record_id: i64, object: ObjectRef) -> Result<()>;
 
+    /// Removes the entries of `record_ids` from the liveness table: records dropped while their
+    /// objects live (thinning). May fail, and may let other threads run.
+    fn forget(&mut self, record_ids: &[i64]) -> Result<()>;
+
     /// Looks `record_id` up in the liveness table: `None` once the object was collected. Measures
     /// the object's size when `measure_size`. May fail, and may let other threads run.
     fn lookup(&mut self, record_id: i64, measure_size: bool) -> Result<Option<LiveInfo>>;

@@ -348,7 +348,7 @@ impl HeapRecorder {
         }
         // Thinned here too, not only by updates (which wait for a GC): between two GCs the
         // records could otherwise reach the cap, and recordings past it are lost.
-        if self.adjust_thinning()? {
+        if self.adjust_thinning(vm)? {
             self.strings.lock()?.compact();
         }
         Ok(CommitOutcome::Committed(committed))
@@ -527,3 +527,5 @@ mod proptests;
 mod stack_cache_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod thinning_tests;

@@ -123,6 +123,9 @@ fn commit_drains_newest_first() {
             self.1.push(id);
             self.0.remember(id, o)
         }
+        fn forget(&mut self, ids: &[i64]) -> Result<()> {
+            self.0.forget(ids)
+        }
         fn lookup(&mut self, id: i64, m: bool) -> Result<Option<crate::vm::LiveInfo>> {
             self.0.lookup(id, m)
         }
@@ -511,6 +514,9 @@ fn young_update_skips_when_locked_but_full_waits() {
         fn remember(&mut self, id: i64, o: ObjectRef) -> Result<()> {
             self.1.remember(id, o)
         }
+        fn forget(&mut self, ids: &[i64]) -> Result<()> {
+            self.1.forget(ids)
+        }
         fn lookup(&mut self, id: i64, m: bool) -> Result<Option<crate::vm::LiveInfo>> {
             self.1.lookup(id, m)
         }
@@ -857,6 +863,9 @@ fn full_update_abandoned_by_an_interrupt_leaves_the_lock_usable() {
     impl Vm for Interrupted {
         fn remember(&mut self, id: i64, o: ObjectRef) -> Result<()> {
             self.0.remember(id, o)
+        }
+        fn forget(&mut self, ids: &[i64]) -> Result<()> {
+            self.0.forget(ids)
         }
         fn lookup(&mut self, id: i64, m: bool) -> Result<Option<crate::vm::LiveInfo>> {
             self.0.lookup(id, m)

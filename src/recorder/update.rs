@@ -146,7 +146,7 @@ impl HeapRecorder {
             None => self.update_by_lookup(vm, full, update_gen, size_enabled)?,
         };
 
-        let thinned = self.adjust_thinning()?;
+        let thinned = self.adjust_thinning(vm)?;
         if any_dead || thinned {
             self.strings.lock()?.compact();
         }
@@ -168,13 +168,18 @@ impl HeapRecorder {
     /// record's weight is still the inverse of the chance it had to be kept), with more variance,
     /// and recording goes on instead of stopping at the cap. Halves the thinning again once the
     /// records fall under [`UNTHIN_BELOW`] (records kept so far keep their weights). Returns
-    /// whether records were thinned (as many halvings as it takes). Runs under the lock; makes no
-    /// VM call. The WeakMap entries
-    /// of dropped records stay until their objects die (no walk looks at ids it has no record of).
-    pub(super) fn adjust_thinning(&self) -> Result<bool> {
+    /// whether records were thinned (as many halvings as it takes). Runs under the lock. The
+    /// dropped records' entries leave the liveness table too (`Vm::forget`), so the cap bounds
+    /// the table and the walks over it as well as the records; the table may let other threads
+    /// run meanwhile, which find the records already gone.
+    pub(super) fn adjust_thinning(&self, vm: &mut dyn Vm) -> Result<bool> {
         let mut thinned = false;
-        while self.thin_once()? {
+        let mut forgotten = Vec::new();
+        while self.thin_once(&mut forgotten)? {
             thinned = true;
+        }
+        if !forgotten.is_empty() {
+            vm.forget(&forgotten)?;
         }
         if !thinned {
             let mut state = self.state()?;
@@ -187,7 +192,8 @@ impl HeapRecorder {
     }
 
     /// One halving of the tracked objects, if they are at [`THIN_AT`] of the cap: whether it ran.
-    fn thin_once(&self) -> Result<bool> {
+    /// The ids of the committed records it drops are added to `forgotten`.
+    fn thin_once(&self, forgotten: &mut Vec<i64>) -> Result<bool> {
         let mut state = self.state()?;
         let mut pending = self.pending()?;
         let cap = state.options.max_tracked_objects;
@@ -199,6 +205,7 @@ impl HeapRecorder {
                 if state.next_random() & 1 == 0 {
                     if let Some(record) = state.object_records.remove(&id) {
                         self.release_record(&mut state, &record.stack, record.data.class)?;
+                        forgotten.push(id);
                         dropped += 1;
                     }
                 } else if let Some(record) = state.object_records.get_mut(&id) {

@@ -1,6 +1,7 @@
 //! The core's `Vm` trait over the real VM: WeakMap reads and writes, object sizes, the GC count,
 //! the monotonic clock, and yielding to other threads.
 
+use std::cell::Cell;
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -18,17 +19,26 @@ use crate::{shims, weak_map};
 /// it is re-raised unchanged (an `Interrupt` or a `Timeout::Error` stays what it was).
 pub struct RubyVm<'a> {
     ruby: &'a Ruby,
-    weak_map: Value,
+    /// The session's WeakMap, which `forget` may replace (before Ruby 3.3); marked by the session.
+    weak_map: &'a Cell<rb_sys::VALUE>,
     raised: Option<Error>,
 }
 
 impl<'a> RubyVm<'a> {
-    pub fn new(ruby: &'a Ruby, weak_map: Value) -> Self {
+    /// Over the WeakMap in `weak_map`, a VALUE its owner keeps marked (never 0).
+    pub fn new(ruby: &'a Ruby, weak_map: &'a Cell<rb_sys::VALUE>) -> Self {
         RubyVm {
             ruby,
             weak_map,
             raised: None,
         }
+    }
+
+    #[allow(unsafe_code)] // a VALUE the session keeps marked
+    fn map(&self) -> Value {
+        // SAFETY: the session marks the WeakMap in this slot for as long as it lives, and made
+        // it before any VM handle over it (`Session::with_vm` checks for 0).
+        unsafe { Value::from_raw(self.weak_map.get()) }
     }
 
     /// The Ruby error for a core error, the original exception when a VM call raised.
@@ -53,9 +63,13 @@ impl Vm for RubyVm<'_> {
         // keeps marked (and so alive and unmoved) until this commit takes it off the queue.
         let object = unsafe { Value::from_raw(object as rb_sys::VALUE) };
         let probe = stage_costs::start(Stage::WeakMapSet);
-        let set = weak_map::set(self.ruby, self.weak_map, record_id, object);
+        let set = weak_map::set(self.ruby, self.map(), record_id, object);
         probe.end();
         set.map_err(|e| self.keep(e))
+    }
+
+    fn forget(&mut self, record_ids: &[i64]) -> datadog_heap_core::Result<()> {
+        weak_map::remove(self.ruby, self.weak_map, record_ids).map_err(|e| self.keep(e))
     }
 
     fn lookup(
@@ -63,14 +77,14 @@ impl Vm for RubyVm<'_> {
         record_id: i64,
         measure_size: bool,
     ) -> datadog_heap_core::Result<Option<LiveInfo>> {
-        let found = weak_map::get(self.ruby, self.weak_map, record_id).map_err(|e| self.keep(e))?;
+        let found = weak_map::get(self.ruby, self.map(), record_id).map_err(|e| self.keep(e))?;
         Ok(found
             .filter(|&object| visible(object))
             .map(|object| live_info(object, measure_size)))
     }
 
     fn walk_live(&mut self, visit: WalkVisitor<'_>) -> datadog_heap_core::Result<bool> {
-        weak_map::walk(self.ruby, self.weak_map, |record_id, object| {
+        weak_map::walk(self.ruby, self.map(), |record_id, object| {
             if visible(object) {
                 visit(record_id, &|measure_size| live_info(object, measure_size));
             }

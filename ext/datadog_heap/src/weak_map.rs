@@ -18,6 +18,7 @@ use std::sync::OnceLock;
 use crate::shims;
 
 use magnus::{
+    rb_sys::{AsRawValue, FromRawValue},
     value::{Opaque, ReprValue},
     Class, Error, Fixnum, Module, RClass, RModule, Ruby, Value,
 };
@@ -30,6 +31,10 @@ struct WeakMapMethods {
     aset: Opaque<Value>,
     /// `bind_call` bound to `WeakMap#each`: called as (map) with a block.
     each: Opaque<Value>,
+    /// `bind_call` bound to `WeakMap#size`: called as (map).
+    size: Opaque<Value>,
+    /// `bind_call` bound to `WeakMap#delete` (Ruby >= 3.3): called as (map, key).
+    delete: Option<Opaque<Value>>,
 }
 
 static METHODS: OnceLock<WeakMapMethods> = OnceLock::new();
@@ -47,15 +52,23 @@ pub fn init(ruby: &Ruby) -> Result<(), Error> {
     let aref = bound("[]")?;
     let aset = bound("[]=")?;
     let each = bound("each")?;
-    ruby.gc_register_mark_object(aref);
-    ruby.gc_register_mark_object(aset);
-    ruby.gc_register_mark_object(each);
+    let size = bound("size")?;
+    let has_delete: bool = class.funcall("method_defined?", (ruby.to_symbol("delete"),))?;
+    let delete = match has_delete {
+        true => Some(bound("delete")?),
+        false => None,
+    };
+    for method in [aref, aset, each, size].into_iter().chain(delete) {
+        ruby.gc_register_mark_object(method);
+    }
     shims::init_block_proc(ruby)?;
     let _ = METHODS.set(WeakMapMethods {
         class: class.into(),
         aref: aref.into(),
         aset: aset.into(),
         each: each.into(),
+        size: size.into(),
+        delete: delete.map(Into::into),
     });
     Ok(())
 }
@@ -107,4 +120,48 @@ pub fn walk(ruby: &Ruby, map: Value, mut visit: impl FnMut(i64, Value)) -> Resul
             }
         }
     })
+}
+
+/// `map.size`: its entries, those of collected objects included until the VM drops them.
+pub fn size(ruby: &Ruby, map: Value) -> Result<i64, Error> {
+    let m = methods(ruby)?;
+    let size = shims::method_call(ruby.get_inner(m.size), [map])?;
+    Ok(Fixnum::from_value(size).map_or(0, |n| n.to_i64()))
+}
+
+/// Removes the entries of `record_ids` from the WeakMap in `slot` (a VALUE its owner keeps
+/// marked): with `WeakMap#delete` where the Ruby has it (3.3 and later); before that, by putting
+/// a new WeakMap holding the other live entries in `slot`. The copy runs with the GC disabled
+/// (as it was, if the program had disabled it), so no object collected or moved between the walk
+/// that finds it and the write that keeps it. Allocates; may let other threads run.
+#[allow(unsafe_code)] // the VALUE in `slot`, kept marked by its owner
+pub fn remove(
+    ruby: &Ruby,
+    slot: &std::cell::Cell<rb_sys::VALUE>,
+    record_ids: &[i64],
+) -> Result<(), Error> {
+    let m = methods(ruby)?;
+    // SAFETY: the slot's owner keeps the VALUE it holds marked for as long as it lives.
+    let map = unsafe { Value::from_raw(slot.get()) };
+    if let Some(delete) = m.delete {
+        let delete = ruby.get_inner(delete);
+        for &id in record_ids {
+            shims::method_call(delete, [map, ruby.integer_from_i64(id).as_value()])?;
+        }
+        return Ok(());
+    }
+    let dropped: std::collections::HashSet<i64> = record_ids.iter().copied().collect();
+    let _gc_off = shims::GcPause::new();
+    let mut kept = Vec::new();
+    walk(ruby, map, |id, object| {
+        if !dropped.contains(&id) {
+            kept.push((id, object));
+        }
+    })?;
+    let copy = new_map(ruby)?;
+    for (id, object) in kept {
+        set(ruby, copy, id, object)?;
+    }
+    slot.set(copy.as_raw());
+    Ok(())
 }

@@ -366,6 +366,11 @@ fn stats_hash(ruby: &Ruby, session: &Session) -> Result<RHash, Error> {
     }
     hash.aset(ruby.to_symbol("last_commit_error"), session.job_error())?;
     hash.aset(ruby.to_symbol("lifetime_job_errors"), session.job_errors())?;
+    let map = session.weak_map(ruby)?;
+    hash.aset(
+        ruby.to_symbol("weak_map_size"),
+        crate::weak_map::size(ruby, map)?,
+    )?;
     let st = *session.sampler.stats.borrow();
     for (key, value) in [
         ("sampler_allocations_seen", st.allocations_seen),

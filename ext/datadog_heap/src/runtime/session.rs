@@ -224,7 +224,8 @@ impl Session {
         ruby: &Ruby,
         f: impl FnOnce(&mut RubyVm) -> datadog_heap_core::Result<T>,
     ) -> Result<T, Error> {
-        let mut vm = RubyVm::new(ruby, self.weak_map(ruby)?);
+        self.weak_map(ruby)?;
+        let mut vm = RubyVm::new(ruby, &self.weak_map);
         match f(&mut vm) {
             Ok(v) => Ok(v),
             Err(e) => Err(vm.into_ruby_error(e)),
