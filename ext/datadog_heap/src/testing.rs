@@ -80,6 +80,12 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
     )?;
     // [NEWOBJ hook installed, GC-end hook installed, window timer rate or nil].
     testing.define_singleton_method("_native_hooks", function!(runtime::hook_state, 0))?;
+    // Before Ruby 3.3: [timer signals that asked for the window job, signals that landed in a
+    // thread without the GVL]; nil from 3.3 on.
+    testing.define_singleton_method(
+        "_native_window_signals",
+        function!(runtime::window_signal_counts, 0),
+    )?;
     // Whether the NEWOBJ hook is installed (a windowed sampler's window is open): allocates
     // nothing, so a spec can wait for a window without adding to the gap before it.
     testing.define_singleton_method(

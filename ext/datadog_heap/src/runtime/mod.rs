@@ -29,7 +29,8 @@ pub use busy::{guarded, not_busy, own_allocations, program_allocations};
 pub use jobs::request_commit;
 pub use session::Session;
 pub use windows::{
-    native_timer as native_window_timer, tick as window_tick, use_ruby_thread as use_ruby_timer,
+    native_timer as native_window_timer, signal_counts as window_signal_counts,
+    tick as window_tick, use_ruby_thread as use_ruby_timer,
 };
 
 struct Listed {
@@ -100,6 +101,7 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     with(|r| r.pid = std::process::id());
     jobs::init();
     hooks::init();
+    windows::init(ruby);
     crate::shims::init_gc_stat();
     // The VM is going away: no timer may trigger a job past this point.
     crate::shims::at_vm_exit(shutdown);

@@ -187,35 +187,67 @@ fn request_tick() {
 #[cfg(not(ruby_gte_3_3))]
 mod signalled {
     use std::ffi::c_int;
-    use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
     use std::sync::OnceLock;
 
-    use crate::shims::signal;
+    use crate::shims::{gvl_owner, signal};
 
-    /// The signal the handler is installed for (0: none was free).
+    /// The signal the handler is installed for (0: none was free, or the GVL owner cannot be told).
     static SIGNAL: OnceLock<c_int> = OnceLock::new();
-    /// Thread ids of Ruby threads seen running, newest at `NEWEST` (0: empty slot).
+    /// Ruby threads seen running, newest at `NEWEST`: their kernel ids (0: empty slot) and their
+    /// VM thread structs (as `gvl_owner` names the owner).
     static SEEN: [AtomicI32; 4] = [const { AtomicI32::new(0) }; 4];
+    static SEEN_THREAD: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
     static NEWEST: AtomicUsize = AtomicUsize::new(0);
     /// A request went out and no window job has run since.
     static OUTSTANDING: AtomicBool = AtomicBool::new(false);
+    /// Signals whose handler asked for the job (it held the GVL), and signals that landed in a
+    /// thread without the GVL (blocked in a system call, or waiting for the GVL), which asked
+    /// for nothing.
+    static REGISTERED: AtomicU64 = AtomicU64::new(0);
+    static NOT_GVL_OWNER: AtomicU64 = AtomicU64::new(0);
 
+    /// Asks for the window job only from the GVL owner: before 3.3, registering from any other
+    /// thread races with the owner's flush of the job queue (see `shims::gvl_owner`).
     extern "C" fn on_signal(_sig: c_int) {
         signal::keeping_errno(|| {
-            if signal::on_ruby_thread() {
+            if !signal::on_ruby_thread() {
+                return;
+            }
+            if gvl_owner::holds_gvl() {
+                REGISTERED.fetch_add(1, Ordering::Relaxed);
                 super::super::jobs::request_window();
+            } else {
+                NOT_GVL_OWNER.fetch_add(1, Ordering::Relaxed);
             }
         });
     }
 
-    /// Whether the handler is installed (installing it on the first call). GVL held.
+    /// Finds where the VM keeps the GVL owner (`shims::gvl_owner`). At load, GVL held.
+    pub fn probe(ruby: &magnus::Ruby) {
+        let _ = gvl_owner::probe(ruby);
+    }
+
+    /// Whether the handler is installed (installing it on the first call). GVL held. Never
+    /// without the GVL owner known: a handler that cannot tell would register from any thread.
     pub fn ready() -> bool {
-        *SIGNAL.get_or_init(|| signal::install_rt_handler(on_signal).unwrap_or(0)) != 0
+        *SIGNAL.get_or_init(|| match gvl_owner::gvl_owner_known() {
+            true => signal::install_rt_handler(on_signal).unwrap_or(0),
+            false => 0,
+        }) != 0
     }
 
     /// Whether the handler was installed (never installs it).
     pub fn installed() -> bool {
         SIGNAL.get().is_some_and(|&s| s != 0)
+    }
+
+    /// (signals that asked for the job, signals that found no GVL and asked for nothing).
+    pub fn counts() -> (u64, u64) {
+        (
+            REGISTERED.load(Ordering::Relaxed),
+            NOT_GVL_OWNER.load(Ordering::Relaxed),
+        )
     }
 
     /// Remembers the calling thread (a Ruby thread holding the GVL). GVL held, so one writer.
@@ -232,6 +264,7 @@ mod signalled {
             Some(i) => i,
             None => (newest + 1) % SEEN.len(),
         };
+        SEEN_THREAD[slot].store(gvl_owner::current_thread_id_for_gvl(), Ordering::Relaxed);
         SEEN[slot].store(tid, Ordering::Relaxed);
         NEWEST.store(slot, Ordering::Release);
     }
@@ -241,14 +274,32 @@ mod signalled {
         seen_running();
     }
 
-    /// From the timer thread: signals the thread last seen running, or, when the previous request
-    /// is still unserved, every thread seen and the main thread (its id is the process id).
+    /// The kernel id of the GVL owner, if it is a thread seen running.
+    fn owner_tid() -> Option<c_int> {
+        let owner = gvl_owner::gvl_owner();
+        let slot = (owner != 0).then(|| {
+            SEEN_THREAD
+                .iter()
+                .position(|t| t.load(Ordering::Relaxed) == owner)
+        })??;
+        Some(SEEN[slot].load(Ordering::Relaxed)).filter(|&tid| tid > 0)
+    }
+
+    /// From the timer thread: signals the GVL owner when it is a thread seen running, else the
+    /// thread last seen running; when the previous request is still unserved and the owner is
+    /// not known, every thread seen and the main thread (its id is the process id). Only the
+    /// one among them that holds the GVL when its signal lands asks for the job.
     pub fn request() {
         let Some(&sig) = SIGNAL.get().filter(|&&s| s != 0) else {
             return;
         };
         let main = std::process::id() as c_int;
-        if !OUTSTANDING.swap(true, Ordering::AcqRel) {
+        let retry = OUTSTANDING.swap(true, Ordering::AcqRel);
+        if let Some(owner) = owner_tid() {
+            signal::send_to_thread(owner, sig);
+            return;
+        }
+        if !retry {
             let newest = SEEN[NEWEST.load(Ordering::Acquire)].load(Ordering::Relaxed);
             signal::send_to_thread(if newest > 0 { newest } else { main }, sig);
             return;
@@ -267,11 +318,30 @@ mod signalled {
 
     /// In a forked child: the threads seen were the parent's.
     pub fn after_fork() {
-        for seen in &SEEN {
+        for (seen, thread) in SEEN.iter().zip(&SEEN_THREAD) {
             seen.store(0, Ordering::Relaxed);
+            thread.store(0, Ordering::Relaxed);
         }
         OUTSTANDING.store(false, Ordering::Relaxed);
     }
+}
+
+/// At load, before any timer starts: before 3.3, finds where the VM keeps the GVL owner, which
+/// the timer's signal handler needs (without it the timer is a Ruby thread). GVL held.
+pub fn init(ruby: &Ruby) {
+    #[cfg(not(ruby_gte_3_3))]
+    signalled::probe(ruby);
+    #[cfg(ruby_gte_3_3)]
+    let _ = ruby;
+}
+
+/// Before 3.3: (timer signals that asked for the window job, signals that landed in a thread
+/// without the GVL and asked for nothing); `None` from 3.3 on, where no signal is sent.
+pub fn signal_counts() -> Option<(u64, u64)> {
+    #[cfg(not(ruby_gte_3_3))]
+    return Some(signalled::counts());
+    #[cfg(ruby_gte_3_3)]
+    None
 }
 
 mod native {

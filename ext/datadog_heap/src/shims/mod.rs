@@ -11,6 +11,8 @@ mod clock;
 mod frames;
 mod gc;
 mod gvl;
+#[cfg(not(ruby_gte_3_3))]
+pub mod gvl_owner;
 mod hooks;
 pub mod objspace;
 pub mod signal;

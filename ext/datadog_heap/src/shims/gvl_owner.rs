@@ -1,0 +1,168 @@
+//! Ruby < 3.3: whether the calling thread holds the GVL, asked from a signal handler.
+//!
+//! Before 3.3, `rb_postponed_job_register_one` from a thread that does not hold the GVL races
+//! with the holder's `rb_postponed_job_flush` (the VM bumps the job index before it writes the
+//! job, so the flush can run a stale job with stale data, or lose one; fixed in 3.3). The window
+//! timer's signal can land in a thread blocked in a system call or waiting for the GVL, so its
+//! handler registers the job only when the thread it interrupted is the GVL owner.
+//!
+//! The VM keeps the owner in a private field: `threads.gvl.owner` of the main Ractor on 3.0 and
+//! 3.1, `threads.sched.running` on 3.2, a `rb_thread_t *` written whenever a thread takes or
+//! gives up the GVL. No header says where it is, so `probe` finds it at load: the only word of
+//! the Ractor's struct that holds the running thread's pointer both when the main thread runs and
+//! when a thread it starts runs. Where the probe finds no such word (a layout we have not seen),
+//! nothing asks for the owner, the handler is not installed, and the window timer is a Ruby thread.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use magnus::{prelude::*, rb_sys::AsRawValue, Error, RClass, Ruby, Value};
+use rb_sys::VALUE;
+
+/// Address of the owner word (0: not found).
+static OWNER_WORD: AtomicUsize = AtomicUsize::new(0);
+
+/// The furthest into the Ractor's struct the probe looks: the owner word sits within its first
+/// few hundred bytes on 3.0-3.2 (after the public part, the sync part and a few thread counts).
+const SCAN_LIMIT: usize = 2048;
+
+/// The struct behind a TypedData object (a Thread or a Ractor). Never raises or allocates, and
+/// reads nothing but the object's header: async-signal-safe.
+fn data_of(object: VALUE) -> usize {
+    // SAFETY: callers pass a live TypedData object (a Thread or a Ractor); the read is one field
+    // of its header.
+    unsafe { rb_sys::macros::RTYPEDDATA_GET_DATA(object) as usize }
+}
+
+/// The running Ruby thread's `rb_thread_t *`. Needs a Ruby thread (any GVL state): it reads the
+/// thread's execution context, a thread-local the VM sets up with the thread.
+fn current_thread_struct() -> usize {
+    // SAFETY: rb_thread_current reads the calling Ruby thread's execution context and returns
+    // the thread object stored there; it allocates nothing and takes no lock.
+    data_of(unsafe { rb_sys::rb_thread_current() })
+}
+
+/// Words of `base` (the first `len` bytes) holding `value`, by offset.
+fn offsets_holding(base: usize, len: usize, value: usize) -> Vec<usize> {
+    (0..len / 8)
+        .map(|i| i * 8)
+        .filter(|&offset| {
+            // SAFETY: `base .. base + len` lies inside the Ractor's struct (see `probe`).
+            unsafe { std::ptr::read_volatile((base + offset) as *const usize) == value }
+        })
+        .collect()
+}
+
+struct ThreadCheck {
+    base: usize,
+    candidates: Vec<usize>,
+    confirmed: Vec<usize>,
+    checked: AtomicBool,
+}
+
+unsafe extern "C" fn in_second_thread(arg: *mut c_void) -> VALUE {
+    // SAFETY: `arg` is the ThreadCheck on `probe`'s stack, which joins this thread before it
+    // returns; nothing else touches it meanwhile.
+    let check = unsafe { &mut *(arg as *mut ThreadCheck) };
+    let me = current_thread_struct();
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        check.confirmed = (check.candidates.iter().copied())
+            .filter(|&offset| {
+                // SAFETY: a candidate offset lies inside the struct (see `probe`).
+                unsafe { std::ptr::read_volatile((check.base + offset) as *const usize) == me }
+            })
+            .collect();
+    }));
+    check.checked.store(true, Ordering::Release);
+    // Stays alive, asleep without the GVL, while the probe looks again from the main thread.
+    // SAFETY: a Ruby thread with the GVL; returns when woken (Thread#wakeup) or spuriously.
+    unsafe { rb_sys::rb_thread_sleep_forever() };
+    rb_sys::Qnil as VALUE
+}
+
+/// Finds the owner word (see the module docs): true when found. Needs the GVL, on the main
+/// Ractor; starts and joins a Ruby thread, so call it at load, never from a job or the hook.
+pub fn probe(ruby: &Ruby) -> Result<bool, Error> {
+    let ractor_class: RClass = ruby.class_object().const_get("Ractor")?;
+    let ractor: Value = ractor_class.funcall("current", ())?;
+    if super::heap_type(ractor.as_raw()) != Some(rb_sys::ruby_value_type::RUBY_T_DATA) {
+        return Ok(false);
+    }
+    let base = data_of(ractor.as_raw());
+    // What memsize counts beyond the struct (the object's slot, the Ractor's message queues, a
+    // few dozen bytes each while no message waits) is under 256 bytes, so the scan stays inside
+    // the struct (752 bytes in all on 3.1).
+    let len = super::memsize_of(ractor)
+        .saturating_sub(256)
+        .min(SCAN_LIMIT);
+    if base == 0 || len < 64 {
+        return Ok(false);
+    }
+    let main = current_thread_struct();
+    let mut check = ThreadCheck {
+        base,
+        candidates: offsets_holding(base, len, main),
+        confirmed: Vec::new(),
+        checked: AtomicBool::new(false),
+    };
+    if check.candidates.is_empty() {
+        return Ok(false);
+    }
+    // SAFETY: rb_thread_create copies the function and argument into a new Ruby thread; `check`
+    // outlives it (joined below, before `check` goes out of scope).
+    let thread = magnus::rb_sys::protect(|| unsafe {
+        rb_sys::rb_thread_create(
+            Some(in_second_thread),
+            &mut check as *mut ThreadCheck as *mut c_void,
+        )
+    })?;
+    // SAFETY: a thread object the VM just returned, kept on this stack while we use it.
+    let thread = unsafe { <Value as magnus::rb_sys::FromRawValue>::from_raw(thread) };
+    // Lets it run until it has looked; it then sleeps, alive, without the GVL.
+    for _ in 0..100_000 {
+        if check.checked.load(Ordering::Acquire) {
+            break;
+        }
+        super::thread_schedule()?;
+    }
+    // Back on this thread, the other one alive: the owner word holds this thread again, where a
+    // word that names the newest thread (the tail of the Ractor's thread list) does not.
+    let found: Vec<usize> = (check.confirmed.iter().copied())
+        .filter(|&offset| offsets_holding(base + offset, 8, main) == [0])
+        .collect();
+    let _: Value = thread.funcall("wakeup", ())?;
+    let _: Value = thread.funcall("join", ())?;
+    if let [offset] = found[..] {
+        OWNER_WORD.store(base + offset, Ordering::Release);
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+/// Whether the owner word was found at load.
+pub fn gvl_owner_known() -> bool {
+    OWNER_WORD.load(Ordering::Acquire) != 0
+}
+
+/// The GVL owner's `rb_thread_t *` as the VM last wrote it (0: none, or not known). A racy read
+/// of one word the VM writes under its GVL lock: async-signal-safe, never blocks.
+pub fn gvl_owner() -> usize {
+    match OWNER_WORD.load(Ordering::Acquire) {
+        0 => 0,
+        // SAFETY: the address of a word inside the main Ractor's struct, which lives as long as
+        // the process (found by `probe`).
+        word => unsafe { std::ptr::read_volatile(word as *const usize) },
+    }
+}
+
+/// Whether the calling Ruby thread holds the GVL now. Async-signal-safe; the caller must be a
+/// Ruby thread (`signal::on_ruby_thread`). False when the owner word is not known.
+pub fn holds_gvl() -> bool {
+    let owner = gvl_owner();
+    owner != 0 && owner == current_thread_struct()
+}
+
+/// The calling Ruby thread's identity as `gvl_owner` gives it. Needs a Ruby thread.
+pub fn current_thread_id_for_gvl() -> usize {
+    current_thread_struct()
+}
