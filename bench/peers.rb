@@ -97,7 +97,7 @@ MEMORY_PROFILER = begin
   require "memory_profiler"
   true
 rescue LoadError
-  warn "bench/peers.rb: memory_profiler is not installed (bin/setup installs ruby-memory-profiler); skipping it"
+  warn "bench/peers.rb: memory_profiler is not installed (bin/setup --dev installs ruby-memory-profiler); skipping it"
   false
 end
 TOOLS = ["none", "trace_object_allocations", *("memory_profiler" if MEMORY_PROFILER), "datadog_heap"].freeze

@@ -20,7 +20,7 @@
 # is a second baseline: its ratio to the first is the noise band of this machine during the run.
 #
 # Run: rake bench:service (or ruby -Ilib bench/service.rb; BENCH_SMOKE=1 for a quick run).
-# Needs puma, ruby-sinatra and wrk (bin/setup installs them).
+# Needs puma, ruby-sinatra and wrk (bin/setup --dev installs them).
 require_relative "support"
 require "fileutils"
 require "tmpdir"
@@ -51,7 +51,7 @@ VARIANTS = {
 }.freeze
 
 missing = ServiceCluster.missing_tools
-abort "bench/service.rb needs #{missing.join(", ")}: run bin/setup" unless missing.empty?
+abort "bench/service.rb needs #{missing.join(", ")}: run bin/setup --dev" unless missing.empty?
 
 CLOCK_TICKS = Etc.sysconf(Etc::SC_CLK_TCK)
 

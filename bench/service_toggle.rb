@@ -19,7 +19,7 @@
 # (all on CPU / on requests over all off CPU / off requests) - 1.
 #
 # Run: rake bench:service_toggle (or ruby -Ilib bench/service_toggle.rb; BENCH_SMOKE=1 for a quick run).
-# Needs puma, ruby-sinatra and wrk (bin/setup installs them).
+# Needs puma, ruby-sinatra and wrk (bin/setup --dev installs them).
 require_relative "support"
 require "fileutils"
 require "tmpdir"
@@ -35,7 +35,7 @@ ALL_VARIANTS = {"recorder on/off (defaults)" => "on", "countdown recorder on/off
 VARIANTS = ENV["TOGGLE_VARIANTS"] ? ALL_VARIANTS.select { |_, m| ENV["TOGGLE_VARIANTS"].split(",").include?(m) } : ALL_VARIANTS
 
 missing = ServiceCluster.missing_tools
-abort "bench/service_toggle.rb needs #{missing.join(", ")}: run bin/setup" unless missing.empty?
+abort "bench/service_toggle.rb needs #{missing.join(", ")}: run bin/setup --dev" unless missing.empty?
 
 def run(mode, scratch)
   out = Dir.mktmpdir("toggle-", scratch)

@@ -111,7 +111,7 @@ module DatadogHeap
   end
 
   # Why the window timer should not send signals in this process, or nil. Before Ruby 3.3 the
-  # native timer signals the Ruby threads (see README, "Samplers"), and a signal can make a system
+  # native timer signals the Ruby threads (see docs/samplers.md), and a signal can make a system
   # call fail with EINTR; some native libraries then fail the operation instead of retrying it.
   # These are the ones Datadog's profiler, which signals too, turns its signals off for:
   # - rugged (libgit2): some operations fail when interrupted;

@@ -122,7 +122,7 @@ RSpec.describe "frame names" do
     go = ENV.fetch("PATH", "").split(File::PATH_SEPARATOR).map { |d| File.join(d, "go") }.find { |f| File.executable?(f) }
 
     it "shows Class#method names in -top" do
-      skip "go is not installed (Debian: golang-go, which bin/setup installs)" unless go
+      skip "go is not installed (Debian: golang-go, which bin/setup --dev installs)" unless go
       @rec = DatadogHeap::Recorder.new(sample_every: 1, max_overhead: nil)
       @rec.start
       kept = Array.new(200) { FrameNames::AccLeak.new }

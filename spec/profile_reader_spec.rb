@@ -260,7 +260,7 @@ RSpec.describe DatadogHeap::Profile do
     go = ENV.fetch("PATH", "").split(File::PATH_SEPARATOR).map { |d| File.join(d, "go") }.find { |f| File.executable?(f) }
 
     before do
-      skip "go is not installed (Debian: golang-go, which bin/setup installs): cannot check go tool pprof" unless go
+      skip "go is not installed (Debian: golang-go, which bin/setup --dev installs): cannot check go tool pprof" unless go
     end
 
     # Runs `go tool pprof ARGS` in a scratch HOME and GOCACHE, never asking the network.

@@ -19,7 +19,7 @@ rescue Gem::MissingSpecError
 end
 
 RSpec.describe "DatadogHeap::Railtie (Rails #{RAILS_AVAILABLE ? Gem::Specification.find_by_name("railties").version : "missing"})" do
-  before(:all) { skip "Rails is not installed (Debian: apt-get install ruby-rails, as bin/setup does)" unless RAILS_AVAILABLE }
+  before(:all) { skip "Rails is not installed (Debian: apt-get install ruby-rails, as bin/setup --dev does)" unless RAILS_AVAILABLE }
 
   RAILS_APP_SCRIPT = File.expand_path("fixtures/rails_app.rb", __dir__)
   LOOPBACK = {"REMOTE_ADDR" => "127.0.0.1"}.freeze

@@ -7,7 +7,7 @@ require "datadog_heap/cli"
 require_relative "fixtures/profiles"
 
 # `datadog-heap trend --html`: the page is rendered by a real headless browser (Debian's chromium;
-# bin/setup installs it), which must log no console error, and a screenshot is kept in tmp/.
+# bin/setup --dev installs it), which must log no console error, and a screenshot is kept in tmp/.
 RSpec.describe "datadog-heap trend --html" do
   include ProfileFixtures
 
@@ -65,7 +65,7 @@ RSpec.describe "datadog-heap trend --html" do
   end
 
   it "renders in headless chromium without console errors (screenshot in tmp/)" do
-    skip "chromium is not installed (bin/setup installs it; CI has it)" unless TREND_HTML_CHROMIUM
+    skip "chromium is not installed (bin/setup --dev installs it; CI has it)" unless TREND_HTML_CHROMIUM
 
     Dir.mktmpdir do |dir|
       html = File.join(dir, "trend.html")

@@ -159,8 +159,8 @@ RSpec.describe "uploading profiles" do
       expect(info[:time_nanos]).to eq((start.to_r * 1_000_000_000).to_i)
       expect(info[:time_nanos] + info[:duration_nanos]).to eq((finish.to_r * 1_000_000_000).to_i)
 
-      # go is in bin/setup's packages, not in the Ruby 3.3/3.4 chroots of .ci/run.
-      skip "go is not installed (Debian: golang-go, which bin/setup installs)" unless go_installed?
+      # go is in bin/setup --dev's packages, not in the Ruby 3.3/3.4 chroots of .ci/run.
+      skip "go is not installed (Debian: golang-go, which bin/setup --dev installs)" unless go_installed?
       raw = go_pprof_raw(pprof_part.to_s)
       expect(raw).to include("heap-live-samples/count heap-live-size/bytes")
       expect(raw).to match(/^Duration: /)

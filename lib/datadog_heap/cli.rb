@@ -375,7 +375,8 @@ module DatadogHeap
 
           options[:interval] = s
         end
-        p.on("--sample-every N", Integer, "mean allocations between samples (default #{Recorder::DEFAULTS[:sample_every]})") do |n|
+        p.on("--sample-every N", Integer, "mean allocations between samples (default #{Recorder::SAMPLE_EVERY[:windowed]}; " \
+          "below #{Recorder::WINDOWED_FROM} the countdown sampler is used)") do |n|
           unless n.between?(1, Recorder::U32_MAX)
             raise OptionParser::InvalidArgument, "--sample-every must be between 1 and #{Recorder::U32_MAX}, got #{n}"
           end

@@ -19,7 +19,7 @@ module DatadogHeap
   #   geometric countdown over every allocation, from an allocation hook installed all the time).
   #   Either way a sample stands for sample_every allocations on average. Default: :windowed,
   #   except with a sample_every below WINDOWED_FROM (1024), where windows would cover a sixteenth
-  #   of the allocations or more and save little: :countdown there. See README, "Samplers".
+  #   of the allocations or more and save little: :countdown there. See docs/samplers.md.
   # - windows_per_second: the windowed sampler's mean rate of windows (0 < rate <= 100_000);
   #   only with the windowed sampler (given without sampler:, it chooses it). More windows,
   #   shorter ones: the same samples, spread finer.
@@ -28,7 +28,7 @@ module DatadogHeap
   #   default 0.01, 1%; nil: no budget). Over it, the sampler raises its mean interval above
   #   sample_every; it lowers it back when there is room. Each sample weighs the interval in
   #   force when it was taken, so estimates stay unbiased; stats[:sampler_effective_sample_every]
-  #   and the profile's period say the interval in force. See README, "Overhead budget".
+  #   and the profile's period say the interval in force. See docs/samplers.md, "The overhead budget".
   # - rss_limit: a profile before the OOM kill. Bytes (Integer) or nil (the default: off). While
   #   the recorder runs, a thread reads RSS (/proc/self/statm, Linux only) every
   #   RssWatch::INTERVAL seconds and writes a profile to rss_output when RSS first reaches the
@@ -121,7 +121,7 @@ module DatadogHeap
     alias_method :_native_start, :start
     private :_native_start
 
-    # Starts sampling (see README, "Samplers and the recorder lifecycle"). The first start of a
+    # Starts sampling (see docs/samplers.md and docs/architecture.md, "Lifecycle"). The first start of a
     # windowed recorder in the process first checks, before Ruby 3.3, for gems that the window
     # timer's signals would break (DatadogHeap.check_window_signals).
     def start

@@ -401,7 +401,7 @@ module DatadogHeap
     alias_method :_native_profile_plain, :profile
     private :_native_profile_plain
 
-    # The gzip pprof of the live objects (see README). With `retainers:` (true, a Hash of
+    # The gzip pprof of the live objects (see docs/cli.md). With `retainers:` (true, a Hash of
     # #retainers options, or a Retainers already computed), the objects a path was found for
     # carry a `retained by` label with it.
     def profile(retainers: nil)

@@ -87,8 +87,7 @@ module DatadogHeap
     end
   end
 
-  # Uploads from `datadog_heap/auto`, configured by the environment (see README "Sending profiles
-  # to Datadog / Pyroscope"):
+  # Uploads from `datadog_heap/auto`, configured by the environment (see docs/uploads.md):
   #
   # - DATADOG_HEAP_UPLOAD: `agent` (the Datadog agent from DD_TRACE_AGENT_URL, or DD_AGENT_HOST and
   #   DD_TRACE_AGENT_PORT, or its unix socket when that exists, or localhost:8126); an agent URL

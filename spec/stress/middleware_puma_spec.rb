@@ -21,7 +21,7 @@ RSpec.describe "DatadogHeap::Middleware under puma, read with curl", :stress do
     missing = %w[puma curl].reject { |tool| which(tool) }
     unless missing.empty?
       skip "#{missing.join(", ")} not installed in this chroot" if ENV["RUBY_CHROOT"]
-      raise "#{missing.join(", ")} not installed: run bin/setup"
+      raise "#{missing.join(", ")} not installed: run bin/setup --dev"
     end
 
     @dir = Dir.mktmpdir("middleware-puma-")

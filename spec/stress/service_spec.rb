@@ -29,9 +29,9 @@ RSpec.describe "the example puma service under the profiler", :stress do
   before(:context) do
     missing = ServiceCluster.missing_tools
     unless missing.empty?
-      # The Ruby 3.3/3.4 chroots of .ci/run have no puma; on the host, bin/setup installs it.
+      # The Ruby 3.3/3.4 chroots of .ci/run have no puma; on the host, bin/setup --dev installs it.
       skip "#{missing.join(", ")} not installed in this chroot" if ENV["RUBY_CHROOT"]
-      raise "#{missing.join(", ")} not installed: run bin/setup"
+      raise "#{missing.join(", ")} not installed: run bin/setup --dev"
     end
 
     @dir = Dir.mktmpdir("service-spec-")
