@@ -147,9 +147,11 @@ RSpec.describe "DatadogHeap.native_window_timer_safe?" do
     run = ->(env) { IO.popen(env, [RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-rdatadog_heap", "-e", script], &:read) }
     native, parent, child = Marshal.load(run.call({})) # rubocop:disable Security/MarshalLoad
     expect(native).to be(true)
-    # 400 asked in 2 s; the Ruby thread's ceiling is about 20.
-    expect(parent).to match([be >= 100, 0])
-    expect(child).to match([be >= 100, 0])
+    # 400 asked in 2 s; the Ruby thread's ceiling is about 20. Before 3.3 the Ruby thread ticks
+    # beside the native timer, for the times no thread holds the GVL (windows.rs, set_rate).
+    beside = RUBY_VERSION < "3.3" ? 1 : 0
+    expect(parent).to match([be >= 100, beside])
+    expect(child).to match([be >= 100, beside])
     native, parent, = Marshal.load(run.call({"DATADOG_HEAP_WINDOW_TIMER" => "ruby"})) # rubocop:disable Security/MarshalLoad
     expect(native).to be(false)
     expect(parent).to match([be < 100, 1])

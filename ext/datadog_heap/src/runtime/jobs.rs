@@ -68,7 +68,6 @@ pub fn request_window() {
 /// The window job: one tick of the window timer (see `windows`). Never raises.
 extern "C" fn window_job(_data: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        super::windows::tick_served();
         if let Ok(ruby) = Ruby::get() {
             super::windows::tick(&ruby);
         }
@@ -107,7 +106,6 @@ extern "C" fn commit_job(_data: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         let Ok(ruby) = Ruby::get() else { return };
         let _busy = BusyGuard::enter();
-        super::windows::seen_running();
         let probe = stage_costs::start(Stage::Commit);
         for_each(&ruby, Session::needs_job, |ruby, session| {
             session.commit_from_job(ruby);

@@ -136,33 +136,28 @@ fn native(install: bool) -> bool {
     };
 }
 
-/// The window job started: the request the timer made was served (see `signalled`).
-pub fn tick_served() {
-    #[cfg(not(ruby_gte_3_3))]
-    signalled::served();
-}
-
-/// This thread holds the GVL now (a job runs on it): where the timer's next signal goes. GVL held.
-pub fn seen_running() {
-    #[cfg(not(ruby_gte_3_3))]
-    signalled::seen_running();
-}
-
 /// Starts the timer at `rate`, changes its rate, or (`None`) stops it.
 pub fn set_rate(rate: Option<f64>) {
     if native(rate.is_some()) {
-        seen_running();
-        return native::set_rate(rate);
+        native::set_rate(rate);
+        // Before 3.3 the native timer reaches the VM only through a thread that holds the GVL
+        // (see `signalled`): in a program that mostly sleeps or waits on IO that is rarely so
+        // when it ticks, and windows would be few. The Ruby timer thread ticks beside it, and it
+        // gets the GVL as soon as it wakes in such a program (next to a busy thread, every 100 ms
+        // or so: the signal serves that case).
+        #[cfg(not(ruby_gte_3_3))]
+        ruby_thread::set_rate(rate);
+        return;
     }
     ruby_thread::set_rate(rate)
 }
 
 /// In a forked child (see each timer's own).
 pub fn after_fork() {
+    #[cfg(not(ruby_gte_3_3))]
+    signalled::after_fork();
     if native(false) {
-        #[cfg(not(ruby_gte_3_3))]
-        signalled::after_fork();
-        return native::after_fork();
+        native::after_fork();
     }
     ruby_thread::after_fork()
 }
@@ -183,27 +178,20 @@ fn request_tick() {
     signalled::request();
 }
 
-/// Ruby < 3.3: getting the window job to a Ruby thread that holds the GVL, by signal.
+/// Ruby < 3.3: getting the window job to the Ruby thread that holds the GVL, by signal.
 #[cfg(not(ruby_gte_3_3))]
 mod signalled {
     use std::ffi::c_int;
-    use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
 
     use crate::shims::{gvl_owner, signal};
 
     /// The signal the handler is installed for (0: none was free, or the GVL owner cannot be told).
     static SIGNAL: OnceLock<c_int> = OnceLock::new();
-    /// Ruby threads seen running, newest at `NEWEST`: their kernel ids (0: empty slot) and their
-    /// VM thread structs (as `gvl_owner` names the owner).
-    static SEEN: [AtomicI32; 4] = [const { AtomicI32::new(0) }; 4];
-    static SEEN_THREAD: [AtomicUsize; 4] = [const { AtomicUsize::new(0) }; 4];
-    static NEWEST: AtomicUsize = AtomicUsize::new(0);
-    /// A request went out and no window job has run since.
-    static OUTSTANDING: AtomicBool = AtomicBool::new(false);
     /// Signals whose handler asked for the job (it held the GVL), and signals that landed in a
-    /// thread without the GVL (blocked in a system call, or waiting for the GVL), which asked
-    /// for nothing.
+    /// thread without the GVL (it gave the GVL up between the timer's look and the signal),
+    /// which asked for nothing.
     static REGISTERED: AtomicU64 = AtomicU64::new(0);
     static NOT_GVL_OWNER: AtomicU64 = AtomicU64::new(0);
 
@@ -250,79 +238,23 @@ mod signalled {
         )
     }
 
-    /// Remembers the calling thread (a Ruby thread holding the GVL). GVL held, so one writer.
-    pub fn seen_running() {
-        if !installed() {
-            return;
-        }
-        let tid = signal::current_tid();
-        let newest = NEWEST.load(Ordering::Relaxed);
-        if SEEN[newest].load(Ordering::Relaxed) == tid {
-            return;
-        }
-        let slot = match SEEN.iter().position(|s| s.load(Ordering::Relaxed) == tid) {
-            Some(i) => i,
-            None => (newest + 1) % SEEN.len(),
-        };
-        SEEN_THREAD[slot].store(gvl_owner::current_thread_id_for_gvl(), Ordering::Relaxed);
-        SEEN[slot].store(tid, Ordering::Relaxed);
-        NEWEST.store(slot, Ordering::Release);
-    }
-
-    pub fn served() {
-        OUTSTANDING.store(false, Ordering::Release);
-        seen_running();
-    }
-
-    /// The kernel id of the GVL owner, if it is a thread seen running.
-    fn owner_tid() -> Option<c_int> {
-        let owner = gvl_owner::gvl_owner();
-        let slot = (owner != 0).then(|| {
-            SEEN_THREAD
-                .iter()
-                .position(|t| t.load(Ordering::Relaxed) == owner)
-        })??;
-        Some(SEEN[slot].load(Ordering::Relaxed)).filter(|&tid| tid > 0)
-    }
-
-    /// From the timer thread: signals the GVL owner when it is a thread seen running, else the
-    /// thread last seen running; when the previous request is still unserved and the owner is
-    /// not known, every thread seen and the main thread (its id is the process id). Only the
-    /// one among them that holds the GVL when its signal lands asks for the job.
+    /// From the timer thread: signals the thread that holds the GVL, if one does. When none
+    /// does (every Ruby thread blocked or asleep) the Ruby timer thread, which runs beside this
+    /// one before 3.3, gets the GVL at once and ticks (see `set_rate`).
     pub fn request() {
         let Some(&sig) = SIGNAL.get().filter(|&&s| s != 0) else {
             return;
         };
-        let main = std::process::id() as c_int;
-        let retry = OUTSTANDING.swap(true, Ordering::AcqRel);
-        if let Some(owner) = owner_tid() {
+        let owner = gvl_owner::gvl_owner_tid();
+        if owner > 0 {
             signal::send_to_thread(owner, sig);
-            return;
-        }
-        if !retry {
-            let newest = SEEN[NEWEST.load(Ordering::Acquire)].load(Ordering::Relaxed);
-            signal::send_to_thread(if newest > 0 { newest } else { main }, sig);
-            return;
-        }
-        let mut sent_main = false;
-        for seen in &SEEN {
-            let tid = seen.load(Ordering::Relaxed);
-            if tid > 0 && signal::send_to_thread(tid, sig) {
-                sent_main |= tid == main;
-            }
-        }
-        if !sent_main {
-            signal::send_to_thread(main, sig);
         }
     }
 
-    /// In a forked child: the threads seen were the parent's.
+    /// In a forked child, on the thread that forked: the owner's id must come from this thread
+    /// (see `gvl_owner::after_fork`).
     pub fn after_fork() {
-        for (seen, thread) in SEEN.iter().zip(&SEEN_THREAD) {
-            seen.store(0, Ordering::Relaxed);
-            thread.store(0, Ordering::Relaxed);
-        }
-        OUTSTANDING.store(false, Ordering::Relaxed);
+        gvl_owner::after_fork();
     }
 }
 

@@ -10,17 +10,28 @@
 //! 3.1, `threads.sched.running` on 3.2, a `rb_thread_t *` written whenever a thread takes or
 //! gives up the GVL. No header says where it is, so `probe` finds it at load: the only word of
 //! the Ractor's struct that holds the running thread's pointer both when the main thread runs and
-//! when a thread it starts runs. Where the probe finds no such word (a layout we have not seen),
-//! nothing asks for the owner, the handler is not installed, and the window timer is a Ruby thread.
+//! when a thread it starts runs, and not the newest thread while that one sleeps. The timer
+//! signals the owner itself: the kernel thread id the VM keeps in the owner's struct (`tid`, what
+//! `Thread#native_thread_id` answers) is found the same way, the one 32-bit field of the thread's
+//! struct holding the thread's own id in both threads. Where the probe finds either not exactly
+//! once (a layout we have not seen: Ruby 3.2 keeps the id one pointer further), nothing asks for
+//! the owner, the handler is not installed, and the window timer is a Ruby thread.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 
 use magnus::{prelude::*, rb_sys::AsRawValue, Error, RClass, Ruby, Value};
 use rb_sys::VALUE;
 
 /// Address of the owner word (0: not found).
 static OWNER_WORD: AtomicUsize = AtomicUsize::new(0);
+/// Offset of the kernel thread id in a thread's struct (valid once OWNER_WORD is set).
+static TID_OFFSET: AtomicUsize = AtomicUsize::new(0);
+/// In a forked child, the thread that forked (its struct) and its id in this process: Ruby
+/// before 3.3 leaves the parent's id in that thread's struct (`Thread#native_thread_id` answers
+/// the parent's too).
+static FORKED_THREAD: AtomicUsize = AtomicUsize::new(0);
+static FORKED_TID: AtomicI32 = AtomicI32::new(0);
 
 /// The furthest into the Ractor's struct the probe looks: the owner word sits within its first
 /// few hundred bytes on 3.0-3.2 (after the public part, the sync part and a few thread counts).
@@ -42,6 +53,25 @@ fn current_thread_struct() -> usize {
     data_of(unsafe { rb_sys::rb_thread_current() })
 }
 
+/// 32-bit fields of `base` (the first `len` bytes) holding `value`, by offset.
+fn int_offsets_holding(base: usize, len: usize, value: i32) -> Vec<usize> {
+    (0..len / 4)
+        .map(|i| i * 4)
+        .filter(|&offset| {
+            // SAFETY: `base .. base + len` lies inside the thread's struct (see `probe`).
+            unsafe { std::ptr::read_volatile((base + offset) as *const i32) == value }
+        })
+        .collect()
+}
+
+/// How far into a thread's struct to look for its id: inside it (`memsize_of` counts the struct
+/// and the object's slot), at most `SCAN_LIMIT`.
+fn thread_scan_len(thread: VALUE) -> usize {
+    // SAFETY: a live Thread object (the current thread's).
+    let thread = unsafe { <Value as magnus::rb_sys::FromRawValue>::from_raw(thread) };
+    super::memsize_of(thread).saturating_sub(64).min(SCAN_LIMIT)
+}
+
 /// Words of `base` (the first `len` bytes) holding `value`, by offset.
 fn offsets_holding(base: usize, len: usize, value: usize) -> Vec<usize> {
     (0..len / 8)
@@ -57,6 +87,8 @@ struct ThreadCheck {
     base: usize,
     candidates: Vec<usize>,
     confirmed: Vec<usize>,
+    tid_candidates: Vec<usize>,
+    tid_confirmed: Vec<usize>,
     checked: AtomicBool,
 }
 
@@ -66,6 +98,13 @@ unsafe extern "C" fn in_second_thread(arg: *mut c_void) -> VALUE {
     let check = unsafe { &mut *(arg as *mut ThreadCheck) };
     let me = current_thread_struct();
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let tid = super::signal::current_tid();
+        // SAFETY: this thread's object, current and alive.
+        let len = thread_scan_len(unsafe { rb_sys::rb_thread_current() });
+        let here = int_offsets_holding(me, len, tid);
+        check.tid_confirmed = (check.tid_candidates.iter().copied())
+            .filter(|offset| here.contains(offset))
+            .collect();
         check.confirmed = (check.candidates.iter().copied())
             .filter(|&offset| {
                 // SAFETY: a candidate offset lies inside the struct (see `probe`).
@@ -99,10 +138,14 @@ pub fn probe(ruby: &Ruby) -> Result<bool, Error> {
         return Ok(false);
     }
     let main = current_thread_struct();
+    // SAFETY: this thread's object, current and alive.
+    let thread_len = thread_scan_len(unsafe { rb_sys::rb_thread_current() });
     let mut check = ThreadCheck {
         base,
         candidates: offsets_holding(base, len, main),
         confirmed: Vec::new(),
+        tid_candidates: int_offsets_holding(main, thread_len, super::signal::current_tid()),
+        tid_confirmed: Vec::new(),
         checked: AtomicBool::new(false),
     };
     if check.candidates.is_empty() {
@@ -132,7 +175,8 @@ pub fn probe(ruby: &Ruby) -> Result<bool, Error> {
         .collect();
     let _: Value = thread.funcall("wakeup", ())?;
     let _: Value = thread.funcall("join", ())?;
-    if let [offset] = found[..] {
+    if let ([offset], [tid_offset]) = (&found[..], &check.tid_confirmed[..]) {
+        TID_OFFSET.store(*tid_offset, Ordering::Relaxed);
         OWNER_WORD.store(base + offset, Ordering::Release);
         return Ok(true);
     }
@@ -162,7 +206,28 @@ pub fn holds_gvl() -> bool {
     owner != 0 && owner == current_thread_struct()
 }
 
-/// The calling Ruby thread's identity as `gvl_owner` gives it. Needs a Ruby thread.
-pub fn current_thread_id_for_gvl() -> usize {
-    current_thread_struct()
+/// The kernel thread id of the GVL owner, 0 when no thread holds the GVL (or the owner word is
+/// not known). From any thread, without the GVL: two racy reads, the owner word, then the id in
+/// the owner's struct. The struct cannot be freed between them: a thread's struct goes with its
+/// Thread object, at a GC after the thread ended, and a thread gives up the GVL (clearing the
+/// owner word) before it ends; at worst the id read is that of a thread that just gave the GVL
+/// up, and a signal to it asks for nothing (`holds_gvl`).
+pub fn gvl_owner_tid() -> i32 {
+    match gvl_owner() {
+        0 => 0,
+        owner if owner == FORKED_THREAD.load(Ordering::Acquire) => {
+            FORKED_TID.load(Ordering::Relaxed)
+        }
+        // SAFETY: a live thread struct (see above), in which the probe found the id's offset.
+        owner => unsafe {
+            std::ptr::read_volatile((owner + TID_OFFSET.load(Ordering::Relaxed)) as *const i32)
+        },
+    }
+}
+
+/// In a forked child, on the thread that forked (the only one): remembers its id here, which its
+/// struct does not say (see `FORKED_THREAD`). Needs a Ruby thread.
+pub fn after_fork() {
+    FORKED_TID.store(super::signal::current_tid(), Ordering::Relaxed);
+    FORKED_THREAD.store(current_thread_struct(), Ordering::Release);
 }
