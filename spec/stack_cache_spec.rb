@@ -173,6 +173,12 @@ RSpec.describe "sampler stack cache" do
   # In a child process: no recorder's WeakMap is around while objects move (bug #19529).
   it "changes its epoch whenever compaction moves objects, GC.count changing or not" do
     skip "GC.auto_compact is not supported here" unless GC.respond_to?(:auto_compact=)
+    # 2026-12-04: with the gem loaded and no recorder at all, a loop of Object.new under
+    # GC.auto_compact on 3.1.2 segfaults in the VM's reference updating (a vm.c frame under the
+    # compaction's update pass); which of the gem's Ruby method definitions are loaded decides
+    # whether it does (any one of them alone does not). The gem already warns that compaction is
+    # unsafe on 3.1.2 (bug #19529); this example runs on 3.3 and 3.4.
+    skip "Ruby #{RUBY_VERSION}'s auto-compaction crashes in the VM itself (see the comment)" if RUBY_VERSION == "3.1.2"
 
     script = <<~RUBY
       require "datadog_heap"
