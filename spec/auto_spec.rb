@@ -122,7 +122,7 @@ RSpec.describe "require \"datadog_heap/auto\"" do
       "datadog_heap/auto: ignoring DATADOG_HEAP_INTERVAL=\"soon\": expected a number of seconds > 0; writing a profile at exit only\n",
       "datadog_heap/auto: ignoring DATADOG_HEAP_SAMPLE_EVERY=\"0\": expected an Integer between 1 and 4294967295; using the sampler's default\n",
       "datadog_heap/auto: ignoring DATADOG_HEAP_SAMPLER=\"often\": expected countdown or windowed; using the default (windowed, countdown for a sample_every below 1024)\n",
-      "datadog_heap/auto: ignoring DATADOG_HEAP_MAX_OVERHEAD=\"lots\": expected a share of the CPU time above 0 and at most 1, or none; using the default 0.01\n"
+      "datadog_heap/auto: ignoring DATADOG_HEAP_MAX_OVERHEAD=\"lots\": expected a share of the CPU time above 0 and at most 1, or none; using the default (0.01 with the default sample_every, none when DATADOG_HEAP_SAMPLE_EVERY is set)\n"
     )
     expect(profiles.size).to eq(1) # no interval: the final profile only
     # The default sample_every, or above it where the default overhead budget raised it.

@@ -15,7 +15,11 @@
 # - DATADOG_HEAP_SAMPLE_EVERY: the recorder's sample_every (an Integer >= 1). Default: the
 #   Recorder's.
 # - DATADOG_HEAP_MAX_OVERHEAD: the recorder's max_overhead, a share of the process's CPU time
-#   (0 < share <= 1), or "none" for no budget. Default: the Recorder's (0.01).
+#   (0 < share <= 1), or "none" for no budget. Default: the Recorder's (0.01 with the default
+#   interval; none when DATADOG_HEAP_SAMPLE_EVERY is set).
+# - DATADOG_HEAP_PRESET: leak_hunt (see Recorder's preset option), for staging and local runs:
+#   dense sampling, no budget, a full GC and retainer paths in every profile. The variables
+#   above, when set, win over it.
 # - DATADOG_HEAP_UPLOAD: also (or, when DATADOG_HEAP_OUTPUT is unset, only) send each profile to
 #   a Datadog agent or a Pyroscope server, from the writer thread (see lib/datadog_heap/upload.rb);
 #   DATADOG_HEAP_INTERVAL then defaults to 60.

@@ -15,6 +15,8 @@ module DatadogHeap
     ENV_SAMPLE_EVERY = "DATADOG_HEAP_SAMPLE_EVERY"
     ENV_MAX_OVERHEAD = "DATADOG_HEAP_MAX_OVERHEAD"
     ENV_SAMPLER = "DATADOG_HEAP_SAMPLER"
+    # A preset (Recorder::PRESETS): leak_hunt.
+    ENV_PRESET = "DATADOG_HEAP_PRESET"
     # "1": every profile carries retainer paths (Recorder#profile(retainers: true)).
     ENV_RETAINERS = "DATADOG_HEAP_RETAINERS"
     ENV_RSS_LIMIT = "DATADOG_HEAP_RSS_LIMIT"
@@ -69,7 +71,7 @@ module DatadogHeap
       # invalid value and uses its default instead.
       def config(env = ENV)
         {output: output(env), interval: interval(env), sample_every: sample_every(env), sampler: sampler(env),
-         max_overhead: max_overhead(env)}
+         max_overhead: max_overhead(env), preset: preset(env)}
       end
 
       # Starts recording and the writer, and registers the exit handler. Called once, when this
@@ -84,13 +86,14 @@ module DatadogHeap
           @interval ||= UPLOAD_INTERVAL
         end
         @retainers = env[ENV_RETAINERS] == "1"
-        opts = config.slice(:sample_every, :sampler, :max_overhead).compact
+        opts = config.slice(:sample_every, :sampler, :max_overhead, :preset).compact
         opts[:max_overhead] = nil if opts[:max_overhead] == :none
         @publish_lock = Mutex.new
         # The writer thread first, so its own allocations are not sampled.
         start_writer
         at_exit { finish }
         DatadogHeap.start(**opts)
+        @retainers ||= DatadogHeap.recorder.retainers_by_default?
         start_rss_watch(env)
         true
       rescue *FAILURES => e
@@ -226,7 +229,21 @@ module DatadogHeap
         return share if share && share > 0 && share <= 1
 
         warn "datadog_heap/auto: ignoring #{ENV_MAX_OVERHEAD}=#{value.inspect}: expected a share of the CPU time " \
-          "above 0 and at most 1, or none; using the default #{Recorder::DEFAULTS[:max_overhead]}"
+          "above 0 and at most 1, or none; using the default (#{Recorder::DEFAULTS[:max_overhead]} with the default " \
+          "sample_every, none when #{ENV_SAMPLE_EVERY} is set)"
+        nil
+      end
+
+      # A key of Recorder::PRESETS, or nil (none).
+      def preset(env)
+        value = env[ENV_PRESET]
+        return nil if value.nil? || value.strip.empty?
+
+        found = Recorder::PRESETS.each_key.find { |p| p.to_s == value.strip }
+        return found if found
+
+        warn "datadog_heap/auto: ignoring #{ENV_PRESET}=#{value.inspect}: expected " \
+          "#{Recorder::PRESETS.keys.join(" or ")}; using no preset"
         nil
       end
 

@@ -10,7 +10,9 @@ module DatadogHeap
   #   config.datadog_heap.enabled = true
   #   config.datadog_heap.sample_every = 1024            # mean allocations between samples (nil: the Recorder's)
   #   config.datadog_heap.sampler = :countdown           # or :windowed (nil: the Recorder's)
-  #   config.datadog_heap.max_overhead = 0.01            # the overhead budget (nil: none; see Recorder)
+  #   config.datadog_heap.max_overhead = 0.01            # the overhead budget (nil: none; unset: the
+  #                                                      # Recorder's, none when sample_every is set)
+  #   config.datadog_heap.preset = :leak_hunt            # staging/local leak hunt (see Recorder)
   #   config.datadog_heap.output = Rails.root.join("tmp/heap")  # heap-<pid>-<n>.pb.gz files (nil: none)
   #   config.datadog_heap.interval = 60                  # seconds between two profiles (nil: at exit only)
   #   config.datadog_heap.upload = "agent"               # as DATADOG_HEAP_UPLOAD (nil: no upload)
@@ -29,11 +31,14 @@ module DatadogHeap
   # invalid setting raises ArgumentError or TypeError at boot naming it and its value.
   class Railtie < ::Rails::Railtie
     DEFAULTS = {
-      enabled: false, sample_every: nil, sampler: nil, max_overhead: Recorder::DEFAULTS[:max_overhead],
+      enabled: false, sample_every: nil, sampler: nil, preset: nil,
       output: nil, interval: nil, upload: nil,
       retainers: false, start_after_fork: false,
       endpoint: false, endpoint_path: "/debug/heap", endpoint_token: nil,
     }.freeze
+    # Settings with no default value: left unset, the Recorder decides (max_overhead: the budget
+    # applies to the default interval only, see Recorder).
+    UNSET_BY_DEFAULT = %i[max_overhead].freeze
     # The longest interval taken, in seconds (a year).
     MAX_INTERVAL = 365 * 24 * 3600
 
@@ -57,16 +62,20 @@ module DatadogHeap
       # The settings of `options` (config.datadog_heap), checked; raises naming a bad one.
       def settings(options)
         name = ->(key) { "config.datadog_heap.#{key}" }
-        unknown = options.keys.map(&:to_sym) - DEFAULTS.keys
+        unknown = options.keys.map(&:to_sym) - DEFAULTS.keys - UNSET_BY_DEFAULT
         unless unknown.empty?
           raise ArgumentError, "unknown setting#{"s" if unknown.size > 1} #{unknown.map { |k| name[k] }.join(", ")}; " \
-            "known: #{DEFAULTS.keys.join(", ")}"
+            "known: #{(DEFAULTS.keys + UNSET_BY_DEFAULT).join(", ")}"
         end
         s = DEFAULTS.merge(options.to_h.transform_keys(&:to_sym))
         %i[enabled retainers start_after_fork endpoint].each { |key| Validate.boolean!(name[key], s[key]) }
         Validate.integer!(name[:sample_every], s[:sample_every], 1, Recorder::U32_MAX) unless s[:sample_every].nil?
         Validate.one_of!(name[:sampler], s[:sampler], Recorder::SAMPLERS) unless s[:sampler].nil?
         Validate.positive_number!(name[:max_overhead], s[:max_overhead], 1) unless s[:max_overhead].nil?
+        unless s[:preset].nil?
+          raise TypeError, "#{name[:preset]} must be a Symbol, got #{Validate.describe(s[:preset])}" unless Symbol === s[:preset]
+          Validate.one_of!(name[:preset], s[:preset], Recorder::PRESETS.keys)
+        end
         s[:output] = Validate.path!(name[:output], s[:output]) unless s[:output].nil?
         Validate.positive_number!(name[:interval], s[:interval], MAX_INTERVAL) unless s[:interval].nil?
         s[:upload] = upload_target(name[:upload], s[:upload]) unless s[:upload].nil?
@@ -117,7 +126,7 @@ module DatadogHeap
           require "datadog_heap/auto_mode"
           @started = Process.pid if DatadogHeap::Auto.setup(auto_env(settings))
         else
-          DatadogHeap.start(**settings.slice(:sample_every, :sampler).compact, max_overhead: settings[:max_overhead])
+          DatadogHeap.start(**settings.slice(:sample_every, :sampler, :preset).compact, **settings.slice(:max_overhead))
           @started = Process.pid
         end
       rescue StandardError, ScriptError, NoMemoryError, SystemStackError => e
@@ -131,10 +140,19 @@ module DatadogHeap
           Auto::ENV_INTERVAL => settings[:interval]&.to_s || "",
           Auto::ENV_SAMPLE_EVERY => settings[:sample_every]&.to_s || "",
           Auto::ENV_SAMPLER => settings[:sampler]&.to_s || "",
-          Auto::ENV_MAX_OVERHEAD => settings[:max_overhead].nil? ? "none" : settings[:max_overhead].to_s,
+          Auto::ENV_MAX_OVERHEAD => max_overhead_env(settings),
+          Auto::ENV_PRESET => settings[:preset]&.to_s || "",
           Auto::ENV_RETAINERS => settings[:retainers] ? "1" : "",
           Upload::ENV_UPLOAD => settings[:upload] || "",
         )
+      end
+
+      # DATADOG_HEAP_MAX_OVERHEAD for the setting: "" when unset (the Recorder decides), "none"
+      # for nil.
+      def max_overhead_env(settings)
+        return "" unless settings.key?(:max_overhead)
+
+        settings[:max_overhead].nil? ? "none" : settings[:max_overhead].to_s
       end
 
       def upload_target(name, value)

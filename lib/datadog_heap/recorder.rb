@@ -25,10 +25,17 @@ module DatadogHeap
   #   shorter ones: the same samples, spread finer.
   # - max_overhead: the overhead budget, the largest share of the process's CPU time the
   #   sampler's own work (sampled hook calls, commits, young updates) may take (0 < share <= 1;
-  #   default 0.01, 1%; nil: no budget). Over it, the sampler raises its mean interval above
-  #   sample_every; it lowers it back when there is room. Each sample weighs the interval in
-  #   force when it was taken, so estimates stay unbiased; stats[:sampler_effective_sample_every]
-  #   and the profile's period say the interval in force. See docs/samplers.md, "The overhead budget".
+  #   nil: no budget). Default: 0.01 (1%) when sample_every is the gem's own default; none when
+  #   sample_every is given, so an interval asked for is the interval used. Over it, the sampler
+  #   raises its mean interval above sample_every; it lowers it back when there is room. Each
+  #   sample weighs the interval in force when it was taken, so estimates stay unbiased. When it
+  #   raised the interval, the gem says so: one warning per process, stats[:sampler_budget_note],
+  #   and a note in every profile (which `datadog-heap report` prints under its header). See
+  #   docs/samplers.md, "The overhead budget".
+  # - preset: a named set of the options above; options given beside it win over it. :leak_hunt
+  #   (staging and local runs, never production): the countdown sampler at 1 in 256, no budget,
+  #   and every profile with a full GC first and retainer paths (auto mode, the Railtie, the
+  #   endpoint). PRESETS lists them.
   # - rss_limit: a profile before the OOM kill. Bytes (Integer) or nil (the default: off). While
   #   the recorder runs, a thread reads RSS (/proc/self/statm, Linux only) every
   #   RssWatch::INTERVAL seconds and writes a profile to rss_output when RSS first reaches the
@@ -46,7 +53,12 @@ module DatadogHeap
     WINDOWED_FROM = 1024
     DEFAULTS = {sample_every: nil, sample_rate: 1, size_enabled: true, max_frames: 400,
                 max_tracked_objects: 262_144, sampler: nil, windows_per_second: 100,
-                max_overhead: 0.01, rss_limit: nil, rss_step: nil, rss_output: nil}.freeze
+                max_overhead: 0.01, rss_limit: nil, rss_step: nil, rss_output: nil, preset: nil}.freeze
+    # Named option sets (see the options above). What a preset does beyond these options (a full
+    # GC before each profile, retainer paths) follows from Recorder#preset.
+    PRESETS = {
+      leak_hunt: {sampler: :countdown, sample_every: 256, max_overhead: nil},
+    }.freeze
     RSS_OPTIONS = %i[rss_limit rss_step rss_output].freeze
     RSS_DEPENDENT_OPTIONS = %i[rss_step rss_output].freeze
     MAX_WINDOWS_PER_SECOND = 100_000
@@ -59,15 +71,19 @@ module DatadogHeap
     def self.new(**options)
       given = options
       options = check_options(options)
+      given = PRESETS.fetch(options[:preset], {}).merge(given)
       DatadogHeap.warn_about_ruby_version
       rate = options[:sampler] == :windowed ? options[:windows_per_second].to_f : nil
       if rate.nil? && given.key?(:windows_per_second)
-        raise ArgumentError, "windows_per_second applies to sampler: :windowed only, got sampler: :countdown"
+        with_preset = options[:preset] ? " (with preset: :#{options[:preset]}, which sets sampler: :countdown)" : ""
+        raise ArgumentError, "windows_per_second applies to sampler: :windowed only, got sampler: :countdown#{with_preset}"
       end
       recorder = _native_new(self, *options.values_at(:sample_every, :sample_rate, :size_enabled, :max_frames, :max_tracked_objects), rate,
         options[:max_overhead]&.to_f)
-      # Nothing allocated here without rss_limit (Recorder.new runs in loops under GC.stress).
+      # Nothing allocated here without rss_limit or a preset (Recorder.new runs in loops under
+      # GC.stress).
       recorder.send(:setup_rss, options.slice(*RSS_OPTIONS)) if options[:rss_limit]
+      recorder.instance_variable_set(:@preset, options[:preset]) if options[:preset]
       recorder
     end
 
@@ -77,8 +93,15 @@ module DatadogHeap
     # the unknown-keyword message.
     def self.check_options(options, method = "#{name}.new")
       Validate.known_keys!(method, options, DEFAULTS)
+      preset = options[:preset]
+      return check_options_of_preset(preset, options, method) unless NilClass === preset
+
       given_rate = options.key?(:windows_per_second)
+      # An interval asked for is the interval used: the budget applies to the default interval,
+      # or where max_overhead is given.
+      honoured = !(NilClass === options[:sample_every]) && !options.key?(:max_overhead)
       options = DEFAULTS.merge(options)
+      options[:max_overhead] = nil if honoured
       options[:sampler] = default_sampler(options[:sample_every], given_rate) if NilClass === options[:sampler]
       Validate.one_of!(:sampler, options[:sampler], SAMPLERS)
       options[:sample_every] = SAMPLE_EVERY.fetch(options[:sampler]) if NilClass === options[:sample_every]
@@ -91,6 +114,21 @@ module DatadogHeap
       Validate.positive_number!(:max_overhead, options[:max_overhead], 1) unless NilClass === options[:max_overhead]
       check_rss_options(options)
     end
+
+    # check_options for options with a preset: the preset's options under those given, checked
+    # as one set; a clash between them (windows_per_second beside a countdown preset, say) is an
+    # ArgumentError naming both.
+    def self.check_options_of_preset(preset, options, method)
+      raise TypeError, "preset must be a Symbol, got #{Validate.describe(preset)}" unless Symbol === preset
+      Validate.one_of!(:preset, preset, PRESETS.keys)
+      begin
+        check_options(PRESETS.fetch(preset).merge(options.except(:preset)), method).merge(preset: preset)
+      rescue ArgumentError => e
+        raise ArgumentError, "#{e.message} (with preset: :#{preset}, which sets " \
+          "#{PRESETS.fetch(preset).map { |k, v| "#{k}: #{v.inspect}" }.join(", ")})"
+      end
+    end
+    private_class_method :check_options_of_preset
 
     # The sampler when none is given: :windowed, unless sample_every is an Integer below
     # WINDOWED_FROM and windows_per_second was not given. Calls no method on `sample_every`.
@@ -126,7 +164,25 @@ module DatadogHeap
     # timer's signals would break (DatadogHeap.check_window_signals).
     def start
       DatadogHeap.check_window_signals if windows_per_second
+      DatadogHeap.announce_preset(preset) if preset
       _native_start
+    end
+
+    # The preset it was created with (a key of PRESETS), or nil.
+    def preset
+      @preset if defined?(@preset)
+    end
+
+    # Whether each profile comes after a full GC (the :leak_hunt preset), so that garbage not
+    # yet collected is not reported as live.
+    def gc_before_profile?
+      preset == :leak_hunt
+    end
+
+    # Whether each profile written for the program (auto mode, the Railtie, the endpoint) carries
+    # retainer paths (the :leak_hunt preset).
+    def retainers_by_default?
+      preset == :leak_hunt
     end
 
     # :countdown or :windowed (see the options above).
@@ -168,22 +224,24 @@ module DatadogHeap
     # `path` is a String, a Pathname or another object with to_path (as File.open takes them; not
     # an IO: write `profile` to it instead). Returns the path as a String. `retainers:` as for
     # #profile (lib/datadog_heap/retainers.rb).
-    def write_profile(path, retainers: nil)
+    def write_profile(path, retainers: nil, gc: nil)
       path = Validate.path!(:path, path)
-      data = retainers ? profile(retainers: retainers) : profile
-      tmp = "#{path}.tmp-#{Process.pid}"
-      File.binwrite(tmp, data)
-      File.rename(tmp, path)
-      path
-    ensure
-      File.unlink(tmp) if tmp && File.exist?(tmp)
+      DatadogHeap.own_work do
+        data = profile(retainers: retainers, gc: gc)
+        tmp = "#{path}.tmp-#{Process.pid}"
+        File.binwrite(tmp, data)
+        File.rename(tmp, path)
+        path
+      ensure
+        File.unlink(tmp) if tmp && File.exist?(tmp)
+      end
     end
 
     def inspect
       how = windows_per_second ? "sampler=windowed windows_per_second=#{windows_per_second}" : "sample_every=#{sample_every}"
       "#<#{self.class} #{how} sample_rate=#{sample_rate} " \
         "size_enabled=#{size_enabled} max_frames=#{max_frames} max_tracked_objects=#{max_tracked_objects} " \
-        "max_overhead=#{max_overhead.inspect}>"
+        "max_overhead=#{max_overhead.inspect}#{" preset=#{preset.inspect}" if preset}>"
     end
   end
 

@@ -403,8 +403,24 @@ module DatadogHeap
 
     # The gzip pprof of the live objects (see docs/cli.md). With `retainers:` (true, a Hash of
     # #retainers options, or a Retainers already computed), the objects a path was found for
-    # carry a `retained by` label with it.
-    def profile(retainers: nil)
+    # carry a `retained by` label with it. `gc: true` runs a full GC first, so objects the
+    # program dropped but the GC has not collected yet are not listed (default: the preset's, see
+    # Recorder#gc_before_profile?); the profile's notes say whether one ran. The gem's own
+    # allocations here are never sampled.
+    def profile(retainers: nil, gc: nil)
+      Validate.boolean!(:gc, gc) unless NilClass === gc
+      DatadogHeap.own_work do
+        if NilClass === gc ? gc_before_profile? : gc
+          GC.start
+          _native_note_full_gc
+        end
+        profile_of(retainers)
+      end
+    end
+
+    private
+
+    def profile_of(retainers)
       return _native_profile_plain if NilClass === retainers || FalseClass === retainers
 
       result = case retainers

@@ -88,6 +88,12 @@ impl Snapshot {
         &self.notes
     }
 
+    /// Adds what the binding knows a reader must know (an interval the overhead budget raised,
+    /// a full GC before the profile).
+    pub fn add_note(&mut self, note: String) {
+        self.notes.push(note);
+    }
+
     /// Objects in the snapshot, young ones included.
     pub fn len(&self) -> usize {
         self.objects.len()

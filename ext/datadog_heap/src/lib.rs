@@ -84,6 +84,9 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
         function!(runtime::stop_for_ractors, 0),
     )?;
     module.define_singleton_method("_native_window_tick", function!(window_tick, 0))?;
+    // Runs the block as the gem's own work: the sampler skips what this thread allocates in it
+    // (lib/datadog_heap.rb's DatadogHeap.own_work).
+    module.define_singleton_method("_native_own_work", function!(runtime::own_work, 0))?;
     // Makes the window timer a Ruby thread on any Ruby (lib/datadog_heap.rb, on 3.3.0 with M:N
     // threads); `_native_native_window_timer` says which one runs.
     module.define_singleton_method(

@@ -396,7 +396,12 @@ fn stats_hash(ruby: &Ruby, session: &Session) -> Result<RHash, Error> {
     let budget = &sampler.budget;
     let effective = sampler.effective(session.config).sample_every;
     for (key, value) in [
+        ("sampler_asked_sample_every", session.config.sample_every),
         ("sampler_effective_sample_every", effective),
+        (
+            "sampler_max_sample_every",
+            (session.config.sample_every as f64 * budget.max_scale.get()).round() as u64,
+        ),
         ("sampler_overhead_ns_total", budget.spent_total_ns.get()),
         ("sampler_overhead_cpu_ns", budget.measured_cpu_ns.get()),
         ("sampler_budget_raises", budget.raises.get()),
@@ -408,6 +413,7 @@ fn stats_hash(ruby: &Ruby, session: &Session) -> Result<RHash, Error> {
         ruby.to_symbol("sampler_last_overhead"),
         budget.last_overhead.get(),
     )?;
+    hash.aset(ruby.to_symbol("sampler_budget_note"), session.budget_note())?;
     hash.aset(ruby.to_symbol("running"), session.is_running())?;
     hash.aset(ruby.to_symbol("disabled_reason"), session.disabled_reason())?;
     Ok(hash)
@@ -432,6 +438,16 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     )?;
     class.define_method("stats", method!(Recorder::stats, 0))?;
     class.define_method("profile", method!(profile::profile, 0))?;
+    class.define_method(
+        "_native_note_full_gc",
+        method!(
+            |ruby: &Ruby, rb_self: &Recorder| with_session(ruby, rb_self, |session| {
+                session.note_full_gc_before_profile();
+                Ok(())
+            }),
+            0
+        ),
+    )?;
     class.define_method(
         "_native_profile_retained",
         method!(profile::profile_retained, 1),

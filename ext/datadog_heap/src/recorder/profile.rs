@@ -41,7 +41,19 @@ pub(crate) fn encode(
     retained_by: &RetainedBy,
 ) -> Result<EncodedPprof, Error> {
     with_session(ruby, rb_self, |session| {
-        let snapshot = session.with_vm(ruby, |vm| session.core.prepare_iteration(vm))?;
+        let mut snapshot = session.with_vm(ruby, |vm| session.core.prepare_iteration(vm))?;
+        if let Some(note) = session.budget_note() {
+            snapshot.add_note(note);
+        }
+        snapshot.add_note(match session.take_full_gc_before_profile() {
+            true => "datadog_heap: a full GC ran just before this profile: every object in it was \
+                     reachable then"
+                .into(),
+            false => "datadog_heap: no full GC ran just before this profile: objects the program \
+                      dropped since the last GC may still be listed (Recorder#profile(gc: true), \
+                      the endpoint's ?gc=1)"
+                .into(),
+        });
         // The snapshot owns all it reads: the recorder may update again while it is encoded.
         let finished = session.core.finish_iteration();
         let options = EncodeOptions {

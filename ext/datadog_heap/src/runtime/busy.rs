@@ -37,6 +37,14 @@ fn with<R>(f: impl FnOnce(&mut Vec<Busy>) -> R) -> R {
     unsafe { BUSY.with(f) }
 }
 
+/// Yields to the block with this thread busy: its allocations there are the gem's own work (a
+/// profile written, an endpoint's answer), never samples of the program. GVL held; runs Ruby
+/// code; what the block raises comes back as the error, the thread no longer busy.
+pub fn own_work(ruby: &Ruby) -> Result<magnus::Value, Error> {
+    let _busy = BusyGuard::enter();
+    ruby.yield_value::<(), magnus::Value>(())
+}
+
 /// Marks this thread busy until dropped.
 pub struct BusyGuard(VALUE);
 

@@ -25,6 +25,7 @@ use magnus::{prelude::*, typed_data::Obj, DataTypeFunctions, Error, RModule, Rub
 
 use crate::sampler::Mode;
 use crate::shims::GvlCell;
+pub use busy::own_work;
 pub use busy::{guarded, not_busy, own_allocations, program_allocations};
 pub use jobs::request_commit;
 pub use session::Session;
@@ -237,6 +238,7 @@ pub fn after_fork() {
     let forked = with(|r| std::mem::replace(&mut r.pid, pid) != pid);
     if forked {
         busy::after_fork();
+        session::after_fork_warnings();
         // No timer thread came along: `sync_hooks` below starts one again if a windowed
         // session still runs.
         windows::after_fork();

@@ -17,6 +17,14 @@ use crate::ruby_vm::RubyVm;
 use crate::sampler::{SampleConfig, SamplerState};
 use crate::shims;
 
+/// The overhead budget's raise was warned about (once per process, see `take_notices`).
+static BUDGET_WARNED: AtomicBool = AtomicBool::new(false);
+
+/// In a forked child: a new process, warned anew.
+pub fn after_fork_warnings() {
+    BUDGET_WARNED.store(false, Ordering::Relaxed);
+}
+
 pub struct Session {
     pub core: HeapRecorder,
     /// The liveness table (an ObjectSpace::WeakMap), 0 until it is made, which happens only
@@ -47,6 +55,9 @@ pub struct Session {
     last_gc_seen: Cell<u64>,
     /// The Ruby object that owned this session was freed; nothing may use the session again.
     dropped: AtomicBool,
+    /// The next profile follows a full GC the program asked for (`Recorder#profile(gc: true)`):
+    /// its notes say so. Taken by the encode.
+    full_gc_before_profile: Cell<bool>,
 }
 
 // SAFETY: a session is used only by threads holding the GVL of the main Ractor, one at a time,
@@ -80,6 +91,7 @@ impl Session {
             last_encode_released_gvl: Cell::new(None),
             last_gc_seen: Cell::new(0),
             dropped: AtomicBool::new(false),
+            full_gc_before_profile: Cell::new(false),
         }
     }
 
@@ -170,6 +182,12 @@ impl Session {
     /// lock, say), and Ruby discards what it raises. Allocates (Rust) only when there is one.
     pub fn take_notices(&self) -> Vec<String> {
         let mut notices = Vec::new();
+        if let Some(raised) = self.budget_note() {
+            // Once per process: every recorder's profile carries its own note.
+            if !BUDGET_WARNED.swap(true, Ordering::Relaxed) {
+                notices.push(raised);
+            }
+        }
         if let Some(reason) = self.disabled_reason() {
             if !self.warned.replace(true) {
                 notices.push(format!("datadog_heap: heap recording disabled: {reason}"));
@@ -181,6 +199,26 @@ impl Session {
             }
         }
         notices
+    }
+
+    /// What the overhead budget did to the interval asked for, when it raised it: for the
+    /// once-per-process warning, the profile's notes and the report's header. `None` when it
+    /// never did (or there is no budget).
+    pub fn budget_note(&self) -> Option<String> {
+        let budget = &self.sampler.budget;
+        if budget.raises.get() == 0 || budget.max_overhead() <= 0.0 {
+            return None;
+        }
+        let asked = self.config.sample_every;
+        let now = self.sampler.effective(self.config).sample_every;
+        let most = (asked as f64 * budget.max_scale.get()).round() as u64;
+        Some(format!(
+            "datadog_heap: asked 1 in {asked} allocations, sampled 1 in {now} (up to 1 in {most}) to \
+             stay under {}% of CPU (max_overhead: {}); fewer samples, so rougher estimates. Pass \
+             max_overhead: nil to keep the interval asked, or a larger max_overhead",
+            budget.max_overhead() * 100.0,
+            budget.max_overhead()
+        ))
     }
 
     pub fn job_error(&self) -> Option<String> {
@@ -207,6 +245,16 @@ impl Session {
     /// Windowed mode: whether a GC happened since the window timer last asked.
     pub fn note_gc_count(&self, gc_count: u64) -> bool {
         self.last_gc_seen.replace(gc_count) != gc_count
+    }
+
+    /// Says that a full GC ran just before the next profile (GVL held, right before the encode).
+    pub fn note_full_gc_before_profile(&self) {
+        self.full_gc_before_profile.set(true);
+    }
+
+    /// Whether a full GC ran just before this profile, taken once.
+    pub fn take_full_gc_before_profile(&self) -> bool {
+        self.full_gc_before_profile.replace(false)
     }
 
     pub fn last_encode_released_gvl(&self) -> Option<bool> {

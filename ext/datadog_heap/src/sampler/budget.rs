@@ -65,6 +65,8 @@ pub struct Budget {
     pub measured_cpu_ns: Cell<u64>,
     pub raises: Cell<u64>,
     pub lowers: Cell<u64>,
+    /// The largest scale it reached.
+    pub max_scale: Cell<f64>,
     /// The last period's overhead (our time over the process's CPU time).
     pub last_overhead: Cell<f64>,
 }
@@ -84,6 +86,7 @@ impl Budget {
             measured_cpu_ns: Cell::new(0),
             raises: Cell::new(0),
             lowers: Cell::new(0),
+            max_scale: Cell::new(1.0),
             last_overhead: Cell::new(0.0),
         }
     }
@@ -91,6 +94,11 @@ impl Budget {
     /// Sets the limit (at session creation, before anything samples).
     pub fn set_max_overhead(&self, max_overhead: f64) {
         self.max_overhead.set(max_overhead);
+    }
+
+    /// The limit: the largest share of the process's CPU time our work may take (0: none).
+    pub fn max_overhead(&self) -> f64 {
+        self.max_overhead.get()
     }
 
     /// Whether there is a budget to time our work for (no clock is read otherwise).
@@ -216,6 +224,7 @@ impl Budget {
         }
         if next > scale {
             self.raises.set(self.raises.get() + 1);
+            self.max_scale.set(self.max_scale.get().max(next));
         } else {
             self.lowers.set(self.lowers.get() + 1);
         }
