@@ -40,6 +40,9 @@ module DatadogHeap
     config.datadog_heap = ActiveSupport::OrderedOptions.new.merge!(DEFAULTS)
 
     # After config/initializers, so settings made there count; before the middleware stack is built.
+    # First in the stack, ahead of Rails' HostAuthorization and SSL redirects: without a token the
+    # middleware checks the Host header and proxy headers itself (see Middleware), so it does not
+    # rely on config.hosts, which production apps often leave open.
     initializer "datadog_heap.endpoint", after: :load_config_initializers do |app|
       settings = Railtie.settings(app.config.datadog_heap)
       if settings[:endpoint]
