@@ -50,6 +50,7 @@ RSpec.describe "DatadogHeap::Railtie (Rails #{RAILS_AVAILABLE ? Gem::Specificati
       default: self.class.boot({}, [["/debug/heap", LOOPBACK], ["/hello", LOOPBACK]]),
       invalid: self.class.boot({enabled: true, sample_every: 0}, []),
       invalid_token: self.class.boot({endpoint: true, endpoint_token: ""}, []),
+      upload_credentials: self.class.boot({enabled: true, upload: "pyroscope:https://heap:glc_SECRET@p.example"}, []),
     }
   end
 
@@ -106,5 +107,8 @@ RSpec.describe "DatadogHeap::Railtie (Rails #{RAILS_AVAILABLE ? Gem::Specificati
   it "refuses invalid settings at boot, naming the setting and the value" do
     expect(child(:invalid)[:boot_error]).to eq("ArgumentError: config.datadog_heap.sample_every must be between 1 and 4294967295, got 0")
     expect(child(:invalid_token)[:boot_error]).to eq("ArgumentError: config.datadog_heap.endpoint_token: token must not be empty (nil: loopback clients only)")
+    expect(child(:upload_credentials)[:boot_error]).to start_with("ArgumentError: config.datadog_heap.upload must not carry credentials")
+      .and end_with("got https://[redacted]@p.example")
+    expect(child(:upload_credentials)[:boot_error]).not_to include("glc_SECRET")
   end
 end

@@ -389,9 +389,15 @@ module DatadogHeap
         p.on("--upload TARGET", "also send each profile to TARGET: agent, an agent URL, or pyroscope:URL " \
           "(DATADOG_HEAP_UPLOAD; see the README)") do |target|
           require_relative "upload"
-          unless Upload.target(target, @env)
+          _, url = Upload.target(target, @env)
+          unless url
             raise OptionParser::InvalidArgument, "--upload must be agent, an agent URL (http://, https://, unix://), " \
-              "pyroscope or pyroscope:URL, got #{target}"
+              "pyroscope or pyroscope:URL, got #{Redact.text(target)}"
+          end
+          begin
+            Exporter.check_url("--upload", url)
+          rescue ArgumentError => e
+            raise OptionParser::InvalidArgument, e.message
           end
 
           options[:upload] = target

@@ -144,10 +144,14 @@ module DatadogHeap
         raise TypeError, "#{name} must be a String, got #{Validate.describe(value)}" unless String === value
 
         require "datadog_heap/upload"
-        return value if Upload.target(value.strip, ENV)
+        _, url = Upload.target(value.strip, ENV)
+        if url
+          Exporter.check_url(name, url)
+          return value
+        end
 
         raise ArgumentError, "#{name} must be agent, an agent URL (http://, https://, unix://), pyroscope or " \
-          "pyroscope:URL, got #{Validate.show(value)}"
+          "pyroscope:URL, got #{Validate.show(Redact.text(value))}"
       end
 
       # Runs the block, naming `name` in the message of the TypeError or ArgumentError it raises.
