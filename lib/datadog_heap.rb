@@ -91,9 +91,12 @@ module DatadogHeap
 
       private
 
+      # The jitter comes from a Random of this thread's own: Kernel#rand would draw from the
+      # program's generator and change what `srand(seed); rand` gives it.
       def run(generation)
+        random = Random.new
         while @generation == generation && (rate = @rate)
-          sleep((0.5 + rand) / rate)
+          sleep((0.5 + random.rand) / rate)
           break unless @generation == generation
 
           next_rate = DatadogHeap._native_window_tick

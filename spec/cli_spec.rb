@@ -301,6 +301,46 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
     end
   end
 
+  # A profile is data from anywhere: names in it must not reach the terminal as control sequences.
+  describe "names holding terminal control characters" do
+    evil = "\e[2J\e]0;owned\a"
+    shown = "\\e[2J\\e]0;owned\\x07"
+    site = [["Evil#{evil}#run", "/app/evil#{evil}.rb", 7], ["<main>", "/app/main.rb", 1]].freeze
+    klass = "Klass\u009b31m\x7f#{evil}"
+    # Any C0 control but the newline, DEL, or a C1 control.
+    raw_control = /[\u0000-\u0009\u000b-\u001f\u007f-\u009f]/
+
+    it "are shown escaped by report, diff, trend, why and the endpoint's report, never raw" do
+      stub_const("CliSpecEvilCache", Module.new)
+      CliSpecEvilCache.const_set(:CACHE, Array.new(8) { Object.new })
+      old = profile_file("old.pb.gz", CliSpecEvilCache::CACHE.first(2).map { |o| [o, site, 1, klass] })
+      rec = recorder_with(CliSpecEvilCache::CACHE.map { |o| [o, site, 1, klass] })
+      new = rec.write_profile(File.join(dir, "new.pb.gz"), retainers: true)
+
+      [["report", new], ["report", new, "--why"], ["diff", old, new], ["trend", old, new], ["why", new]].each do |args|
+        out, err, code = cli_in_process(*args)
+        expect(code).to eq(0), "#{args.first}: #{err}"
+        expect(out + err).not_to match(raw_control), "#{args.join(" ")} printed a control character:\n#{(out + err).inspect}"
+        expect(out).to include("Evil#{shown}#run").and(include("Klass\\u009B31m\\x7F#{shown}")), args.join(" ")
+      end
+      expect(cli_in_process("why", new)[0]).to include("constant CliSpecEvilCache::CACHE (Array)")
+
+      io = StringIO.new
+      DatadogHeap::CLI.new(out: io).write_report(DatadogHeap::Profile.load(new))
+      expect(io.string).not_to match(raw_control)
+      expect(io.string).to include("/app/evil#{shown}.rb:7")
+    end
+
+    it "escapes C0, DEL and C1 controls and stray bytes with one helper, and nothing else" do
+      escape = DatadogHeap::CLI::SafeText.method(:escape)
+      expect(escape.call(evil)).to eq(shown)
+      expect(escape.call("a\tb\nc\rd\0e\x7f\u0085\u009f")).to eq('a\tb\nc\rd\x00e\x7F\u0085\u009F')
+      expect(escape.call("caf\u00e9 \u65e5\u672c /app/x.rb:1 #<Class:0x1>")).to eq("caf\u00e9 \u65e5\u672c /app/x.rb:1 #<Class:0x1>")
+      expect(escape.call("bad \xff\e".b)).to eq('bad \xFF\e')
+      expect(DatadogHeap::CLI::SafeText.escape_lines("one\e\ntwo\a\n")).to eq("one\\e\ntwo\\x07\n")
+    end
+  end
+
   describe "run" do
     it "profiles a Ruby program through datadog_heap/auto and reports its last profile, leak on top" do
       out, err, code = cli("run", "--out", dir, "--sample-every", "64", "--interval", "0.2", "--top", "3", "--",

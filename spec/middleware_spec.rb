@@ -61,14 +61,51 @@ RSpec.describe DatadogHeap::Middleware do
     end
   end
 
-  it "answers 404 to a non-loopback client, a proxied one or one with no address, when there is no token" do
+  it "answers 404 to a non-loopback client or one with no address, when there is no token" do
     middleware = described_class.new(app, recorder: recorder)
     ["10.0.0.1", "192.168.1.20", "2001:db8::1", "", "not an address"].each do |remote|
-      status, _, body = request(middleware, remote: remote)
+      status, _, body = request(middleware, remote: remote, headers: {"HTTP_HOST" => "localhost"})
       expect([status, body]).to eq([404, "Not Found\n"]), remote
     end
-    %w[HTTP_X_FORWARDED_FOR HTTP_FORWARDED HTTP_X_REAL_IP].each do |header|
-      expect(request(middleware, headers: {header => "203.0.113.9"}).first).to eq(404), header
+  end
+
+  # A loopback client may still be a web page the developer opened (DNS rebinding: the page's
+  # own name now resolves to 127.0.0.1) or any client behind a proxy on this host.
+  describe "without a token, a loopback client" do
+    let(:middleware) { described_class.new(app, recorder: recorder) }
+
+    it "is served for a loopback Host with any port, or with no Host header" do
+      ["localhost", "LocalHost:3000", "127.0.0.1", "127.0.0.1:9292", "127.1.2.3:80", "[::1]", "[::1]:8080", nil].each do |host|
+        headers = host ? {"HTTP_HOST" => host} : {}
+        expect(request(middleware, headers: headers).first).to eq(200), host.inspect
+      end
+      expect(request(middleware, remote: "::1", headers: {"HTTP_HOST" => "[::1]:9292"}).first).to eq(200)
+    end
+
+    it "gets 403 for any other Host (DNS rebinding), saying how to set a token and echoing nothing" do
+      ["attacker.example", "attacker.example:9292", "localhost.attacker.example", "127.0.0.1.nip.io",
+        "evil-localhost", "10.0.0.1:80", "[::2]", "[2001:db8::1]:80", "localhost:80:80", "localhost:x", ""].each do |host|
+        status, headers, body = request(middleware, headers: {"HTTP_HOST" => host})
+        expect(status).to eq(403), host.inspect
+        expect(headers["content-type"]).to eq("text/plain; charset=utf-8")
+        expect(body).to include("localhost, 127.0.0.1 or [::1]").and include("token").and include("Authorization: Bearer")
+        expect(body).not_to include(host) unless host.empty? || "localhost, 127.0.0.1 or [::1]".include?(host)
+      end
+    end
+
+    it "gets 403 when the request carries any proxy's forwarding header, whatever the Host" do
+      %w[HTTP_FORWARDED HTTP_X_FORWARDED_FOR HTTP_X_FORWARDED_PROTO HTTP_X_FORWARDED_HOST HTTP_X_FORWARDED_PORT
+        HTTP_X_FORWARDED_SERVER HTTP_X_FORWARDED HTTP_VIA HTTP_X_REAL_IP HTTP_CF_CONNECTING_IP HTTP_TRUE_CLIENT_IP
+        HTTP_X_CLIENT_IP HTTP_X_ENVOY_EXTERNAL_ADDRESS].each do |header|
+        [nil, "localhost:3000"].each do |host|
+          headers = {header => "203.0.113.9-secret-marker"}
+          headers["HTTP_HOST"] = host if host
+          status, _, body = request(middleware, headers: headers)
+          expect(status).to eq(403), "#{header} (Host #{host.inspect})"
+          expect(body).to include("forwarding header").and include("Authorization: Bearer <token>")
+          expect(body).not_to include("secret-marker")
+        end
+      end
     end
   end
 
@@ -80,6 +117,13 @@ RSpec.describe DatadogHeap::Middleware do
       expect(status).to eq(200)
       expect(body.byteslice(0, 2).bytes).to eq([0x1f, 0x8b])
       expect(request(middleware, remote: "203.0.113.9", headers: {"HTTP_AUTHORIZATION" => "bearer  s3cret-token"}).first).to eq(200)
+    end
+
+    it "does not look at Host or proxy headers" do
+      headers = {"HTTP_AUTHORIZATION" => "Bearer s3cret-token", "HTTP_HOST" => "heap.example:443",
+                 "HTTP_X_FORWARDED_FOR" => "203.0.113.9", "HTTP_VIA" => "1.1 proxy"}
+      expect(request(middleware, headers: headers).first).to eq(200)
+      expect(request(middleware, headers: headers.merge("HTTP_AUTHORIZATION" => "Bearer wrong")).first).to eq(403)
     end
 
     it "answers 403 to a missing, wrong or malformed token, loopback clients included" do

@@ -40,7 +40,9 @@ RSpec.describe "DatadogHeap::Railtie (Rails #{RAILS_AVAILABLE ? Gem::Specificati
     @output = Dir.mktmpdir("railtie_spec")
     @children = {
       enabled: self.class.boot({enabled: true, sample_every: 64, max_overhead: nil, endpoint: true, output: @output},
-        [["/hello", LOOPBACK], ["/debug/heap", LOOPBACK], ["/debug/heap?report=1&top=5", LOOPBACK], ["/debug/heap", REMOTE]]),
+        [["/hello", LOOPBACK], ["/debug/heap", LOOPBACK], ["/debug/heap?report=1&top=5", LOOPBACK], ["/debug/heap", REMOTE],
+          ["/debug/heap", LOOPBACK.merge("HTTP_HOST" => "attacker.example")], ["/debug/heap", LOOPBACK.merge("HTTP_VIA" => "1.1 nginx")],
+          ["/debug/heap", LOOPBACK.merge("HTTP_HOST" => "localhost:3000")]]),
       token_after_fork: self.class.boot({enabled: true, endpoint: true, endpoint_path: "/_heap", endpoint_token: "t0ken",
                                          start_after_fork: true, output: File.join(@output, "after_fork"), interval: 3600},
         [["/_heap", REMOTE.merge("HTTP_AUTHORIZATION" => "Bearer t0ken")], ["/_heap", LOOPBACK.merge("HTTP_AUTHORIZATION" => "Bearer nope")],
@@ -48,6 +50,7 @@ RSpec.describe "DatadogHeap::Railtie (Rails #{RAILS_AVAILABLE ? Gem::Specificati
       default: self.class.boot({}, [["/debug/heap", LOOPBACK], ["/hello", LOOPBACK]]),
       invalid: self.class.boot({enabled: true, sample_every: 0}, []),
       invalid_token: self.class.boot({endpoint: true, endpoint_token: ""}, []),
+      upload_credentials: self.class.boot({enabled: true, upload: "pyroscope:https://heap:glc_SECRET@p.example"}, []),
     }
   end
 
@@ -60,12 +63,18 @@ RSpec.describe "DatadogHeap::Railtie (Rails #{RAILS_AVAILABLE ? Gem::Specificati
   it "starts the process-wide recorder with config.datadog_heap's settings and serves GET /debug/heap to loopback clients" do
     result = child(:enabled)
     expect(result).to include(started: true, recording: true, sample_every: 64, middleware: true)
-    hello, pprof, report, remote = result[:responses]
+    hello, pprof, report, remote, rebound, proxied, localhost = result[:responses]
     expect(hello).to eq([200, "text/plain", "hello from rails"])
     expect(pprof).to eq([200, "application/octet-stream", "1f8b"]) # gzip magic
     expect(report[0]).to eq(200)
     expect(report[2]).to include("sampled 1 in 64 allocations").and include("rails_app.rb:")
     expect(remote).to eq([404, "text/plain; charset=utf-8", "Not Found\n"])
+    # Ahead of Rails' HostAuthorization (config.hosts is open here): the middleware's own checks.
+    expect(rebound[0..1]).to eq([403, "text/plain; charset=utf-8"])
+    expect(rebound[2]).to include("DNS rebinding").and include("config.datadog_heap.endpoint_token")
+    expect(proxied[0]).to eq(403)
+    expect(proxied[2]).to include("forwarding header")
+    expect(localhost[0..1]).to eq([200, "application/octet-stream"])
   end
 
   it "writes a profile into config.datadog_heap.output at exit" do
@@ -98,5 +107,8 @@ RSpec.describe "DatadogHeap::Railtie (Rails #{RAILS_AVAILABLE ? Gem::Specificati
   it "refuses invalid settings at boot, naming the setting and the value" do
     expect(child(:invalid)[:boot_error]).to eq("ArgumentError: config.datadog_heap.sample_every must be between 1 and 4294967295, got 0")
     expect(child(:invalid_token)[:boot_error]).to eq("ArgumentError: config.datadog_heap.endpoint_token: token must not be empty (nil: loopback clients only)")
+    expect(child(:upload_credentials)[:boot_error]).to start_with("ArgumentError: config.datadog_heap.upload must not carry credentials")
+      .and end_with("got https://[redacted]@p.example")
+    expect(child(:upload_credentials)[:boot_error]).not_to include("glc_SECRET")
   end
 end

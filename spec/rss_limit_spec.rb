@@ -1,5 +1,6 @@
 # frozen_string_literal: true
 
+require "timeout"
 require "tmpdir"
 require "open3"
 require "rbconfig"
@@ -36,6 +37,31 @@ RSpec.describe DatadogHeap::RssWatch do
     expect(watch.next_threshold).to eq(275 * MIB)
   end
 
+  it "moves past a huge jump in one step: the next threshold is the first step above RSS, found at once" do
+    watch = described_class.new(limit: 100 * MIB, step: 3 * MIB)
+    rss = (1 << 56) + 12_345 # 64 PiB: about 2**34 steps of 3 MiB past the limit
+    allow(described_class).to receive(:rss).and_return(rss)
+    started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+    crossed = Timeout.timeout(5) { watch.check }
+    expect(Process.clock_gettime(Process::CLOCK_MONOTONIC) - started).to be < 1
+    expect(crossed).to eq(100 * MIB)
+    following = watch.next_threshold
+    expect((following - 100 * MIB) % (3 * MIB)).to eq(0)
+    expect(following).to be > rss
+    expect(following - 3 * MIB).to be <= rss
+    # Exactly at a threshold counts as reaching it.
+    allow(described_class).to receive(:rss).and_return(following)
+    expect(watch.check).to eq(following)
+    expect(watch.next_threshold).to eq(following + 3 * MIB)
+  end
+
+  it "refuses a step under 1 MiB, naming it and the value" do
+    [1, 4096, MIB - 1, 0, -1].each do |step|
+      expect { described_class.new(limit: 100 * MIB, step: step) }.to raise_error(ArgumentError, /step must be at least 1 MiB .*got #{step}\z/)
+    end
+    expect(described_class.new(limit: 100 * MIB, step: MIB).step).to eq(MIB)
+  end
+
   it "defaults the step to a tenth of the limit, at least 1 MiB" do
     expect(described_class.new(limit: 500 * MIB).step).to eq(50 * MIB)
     expect(described_class.new(limit: 5 * MIB).step).to eq(MIB)
@@ -51,7 +77,12 @@ RSpec.describe "Recorder rss_limit:" do
     expect([rec.rss_limit, rec.rss_step, rec.rss_output]).to eq([300 * MIB, 30 * MIB, Dir.pwd])
     expect { DatadogHeap::Recorder.new(rss_limit: 0) }.to raise_error(ArgumentError, /rss_limit must be between 1 and \d+, got 0/)
     expect { DatadogHeap::Recorder.new(rss_limit: "5mb") }.to raise_error(TypeError, /rss_limit must be an Integer, got "5mb" \(String\)/)
-    expect { DatadogHeap::Recorder.new(rss_limit: MIB, rss_step: -1) }.to raise_error(ArgumentError, /rss_step must be between 1 and \d+, got -1/)
+    expect { DatadogHeap::Recorder.new(rss_limit: MIB, rss_step: -1) }.to raise_error(ArgumentError, /rss_step must be at least 1 MiB .*, got -1\z/)
+    expect { DatadogHeap::Recorder.new(rss_limit: 100 * MIB, rss_step: 1) }
+      .to raise_error(ArgumentError, /\Arss_step must be at least 1 MiB \(1048576 bytes.*, got 1\z/)
+    expect { DatadogHeap::Recorder.new(rss_limit: 100 * MIB, rss_step: MIB - 1) }.to raise_error(ArgumentError, /rss_step .*got 1048575\z/)
+    expect { DatadogHeap::Recorder.new(rss_limit: 100 * MIB, rss_step: 1.5) }.to raise_error(TypeError, /rss_step must be an Integer/)
+    expect(DatadogHeap::Recorder.new(rss_limit: 100 * MIB, rss_step: MIB).rss_step).to eq(MIB)
     expect { DatadogHeap::Recorder.new(rss_step: MIB) }.to raise_error(ArgumentError, /rss_step applies with rss_limit only, got rss_step: 1048576/)
     expect { DatadogHeap::Recorder.new(rss_limit: MIB, rss_output: "") }.to raise_error(ArgumentError, /rss_output must not be empty/)
   end
@@ -136,6 +167,19 @@ RSpec.describe "DATADOG_HEAP_RSS_LIMIT (datadog_heap/auto)" do
       expect(files.size).to eq(crossings.size + 1)
       expect(crossings.map { |_, path| File.basename(path) }).to eq(files.first(crossings.size))
       files.each { |f| expect(DatadogHeap::Profile.load(File.join(dir, f)).sample_types).not_to be_empty }
+    end
+  end
+
+  it "warns about a step under 1 MiB, and uses a tenth of the limit" do
+    skip "no /proc/self/statm here" unless DatadogHeap::RssWatch.supported?
+
+    Dir.mktmpdir do |dir|
+      env = {"DATADOG_HEAP_OUTPUT" => "#{dir}/", "DATADOG_HEAP_RSS_LIMIT" => "4g", "DATADOG_HEAP_RSS_STEP" => "1",
+             "RUBYOPT" => "-I#{RSS_SPEC_LIB} -rdatadog_heap/auto"}
+      out, err, status = Open3.capture3(env, RbConfig.ruby, "-e", "print DatadogHeap::Auto.rss_watch.step")
+      expect(status.success?).to be(true), err
+      expect(err).to include('ignoring DATADOG_HEAP_RSS_STEP="1": expected a size of at least 1mb')
+      expect(Integer(out)).to eq((4 << 30) / 10)
     end
   end
 

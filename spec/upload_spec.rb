@@ -4,9 +4,11 @@ require "json"
 require "open3"
 require "rbconfig"
 require "socket"
+require "stringio"
 require "tmpdir"
 require "webrick"
 require "datadog_heap/upload"
+require "datadog_heap/cli"
 
 # Uploads to real HTTP servers on 127.0.0.1: WEBrick decodes the multipart body (its own parser,
 # not ours) the way the agent's intake reads it: the `event` part (event.json, application/json)
@@ -385,6 +387,69 @@ RSpec.describe "uploading profiles" do
       expect(target.call("datadog")).to be_nil
       expect { expect(DatadogHeap::Upload.from_env({"DATADOG_HEAP_UPLOAD" => "s3://bucket"})).to be_nil }
         .to output(/ignoring DATADOG_HEAP_UPLOAD="s3:\/\/bucket"/).to_stderr
+    end
+  end
+
+  # No message, warning or inspect may show a secret: URL credentials or the Pyroscope token.
+  describe "secrets" do
+    secret = "glc_SECRET"
+
+    it "refuses a URL with credentials (never sent) without showing them, pointing at auth_token" do
+      ["http://user:#{secret}@127.0.0.1:4040", "https://#{secret}@p.example", "http://u:p@ss:#{secret}@h.example/x"].each do |url|
+        [{backend: :agent}, {backend: :pyroscope, app_name: "shop"}].each do |args|
+          expect { DatadogHeap::Exporter.new(url: url, **args) }.to raise_error(ArgumentError) { |e|
+            expect(e.message).to start_with("url must not carry credentials").and include("auth_token")
+            expect(e.message).to include("[redacted]@")
+            expect(e.message).not_to include(secret)
+          }
+        end
+        expect { DatadogHeap::Upload.new(:agent, url, env) }.to raise_error(ArgumentError) { |e| expect(e.message).not_to include(secret) }
+      end
+      expect { DatadogHeap::Upload.from_env({"DATADOG_HEAP_UPLOAD" => "pyroscope:https://u:#{secret}@p.example"}) }
+        .to raise_error(ArgumentError) { |e|
+          expect(e.message).to include("https://[redacted]@p.example")
+          expect(e.message).not_to include(secret)
+        }
+      expect { DatadogHeap::Upload.from_env({"DATADOG_HEAP_UPLOAD" => "s3://u:#{secret}@bucket"}) }
+        .to output(%r{ignoring DATADOG_HEAP_UPLOAD="s3://\[redacted\]@bucket"}).to_stderr
+      # A URL that only looks like it has an @ later on is fine.
+      expect(DatadogHeap::Exporter.new(backend: :agent, url: "http://127.0.0.1:8126/a@b")).to be_a(DatadogHeap::Exporter)
+    end
+
+    it "never shows the auth token in an error" do
+      pyroscope = {backend: :pyroscope, url: "http://127.0.0.1:4040", app_name: "shop"}
+      expect { DatadogHeap::Exporter.new(**pyroscope, auth_token: "#{secret}\x01TOKEN") }
+        .to raise_error(ArgumentError, /\Aauth_token must be printable ASCII/) { |e| expect(e.message).not_to include(secret) }
+      expect { DatadogHeap::Exporter.new(**pyroscope, auth_token: "#{secret}\u00e9") }
+        .to raise_error(ArgumentError) { |e| expect(e.message).not_to include(secret) }
+      expect { DatadogHeap::Exporter.new(**pyroscope, auth_token: secret.to_sym) }
+        .to raise_error(TypeError, /auth_token must be a String, got a Symbol/) { |e| expect(e.message).not_to include(secret) }
+      expect { DatadogHeap::Exporter.new(backend: :agent, url: "http://127.0.0.1:8126", auth_token: secret) }
+        .to raise_error(ArgumentError, /auth_token is for backend: :pyroscope only/) { |e| expect(e.message).not_to include(secret) }
+      expect(DatadogHeap::Exporter.new(**pyroscope, auth_token: secret)).to be_a(DatadogHeap::Exporter)
+    end
+
+    it "keeps the token out of warnings and inspect" do
+      secrets = env.merge("PYROSCOPE_AUTH_TOKEN" => secret, "DD_API_KEY" => "dd_#{secret}")
+      url = dead_url
+      upload = DatadogHeap::Upload.new(:pyroscope, url, secrets)
+      expect(upload.inspect).to eq("#<DatadogHeap::Upload backend=:pyroscope url=#{url.inspect}>")
+      expect(upload.instance_variable_get(:@exporter).inspect).not_to include(secret)
+      expect { expect(upload.push(recorder_with_live_objects)[1]).to eq(:connection) }
+        .to output(/could not upload heap profiles to #{Regexp.escape(url)} \(connection\)/).to_stderr
+      expect(DatadogHeap::Redact.text("to http://u:#{secret}@h:1/x failed: #{secret}; unix:///run/apm.sock", secret))
+        .to eq("to http://[redacted]@h:1/x failed: [redacted]; unix:///run/apm.sock")
+    end
+
+    it "refuses credentials in `datadog-heap run --upload` without showing them" do
+      out, err = StringIO.new, StringIO.new
+      code = DatadogHeap::CLI.new(out: out, err: err).run(["run", "--upload", "http://u:#{secret}@127.0.0.1:8126", "--", "true"])
+      expect(code).to eq(2)
+      expect(err.string).to include("--upload must not carry credentials").and include("[redacted]@127.0.0.1")
+      expect(err.string).not_to include(secret)
+      code = DatadogHeap::CLI.new(out: out, err: err).run(["run", "--upload", "s3://u:#{secret}@x", "--", "true"])
+      expect(code).to eq(2)
+      expect(err.string).not_to include(secret)
     end
   end
 

@@ -118,6 +118,37 @@ RSpec.describe "DatadogHeap.native_window_timer_safe?" do
     expect([native, threads, opened]).to eq([false, 1, true])
   end
 
+  # Kernel#rand draws from the process's generator, shared by every thread: a timer thread that
+  # drew its jitter from it would change what `srand(seed)` promises the program.
+  it "leaves the program's random numbers alone while the Ruby timer runs" do
+    script = <<~'RUBY'
+      rec = DatadogHeap::Recorder.new(sampler: :windowed, windows_per_second: 500, max_overhead: nil)
+      rec.start
+      srand(1234)
+      keep = []
+      drawn = Array.new(10) do
+        opened = rec.stats[:sampler_windows_opened]
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
+        until rec.stats[:sampler_windows_opened] >= opened + 2 || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+          keep << Object.new
+          sleep 0.001 if keep.size % 1000 == 0
+        end
+        rand
+      end
+      opened = rec.stats[:sampler_windows_opened]
+      rec.stop
+      print Marshal.dump([DatadogHeap._native_native_window_timer, opened, drawn])
+    RUBY
+    out, err, status = Open3.capture3({"DATADOG_HEAP_WINDOW_TIMER" => "ruby"}, RbConfig.ruby, "-I", File.expand_path("../lib", __dir__),
+      "-rdatadog_heap", "-e", script)
+    expect(status).to be_success, err
+    native, opened, drawn = Marshal.load(out) # rubocop:disable Security/MarshalLoad
+    expect(native).to be(false)
+    expect(opened).to be >= 20 # the timer ticked between every two draws
+    seeded = Random.new(1234)
+    expect(drawn).to eq(Array.new(10) { seeded.rand })
+  end
+
   # Before 3.3 the native timer thread cannot ask for the job itself: it signals the Ruby thread
   # last seen running (see windows.rs). A Ruby thread doing the sleeping gets the GVL back from a
   # CPU-bound thread only every 100 ms (about 10 windows a second); the signal reaches the thread

@@ -165,9 +165,10 @@ module DatadogHeap
         step = nil
         unless step_value.nil? || step_value.strip.empty?
           step = RssWatch.parse_size(step_value)
-          unless step
-            warn "datadog_heap/auto: ignoring #{ENV_RSS_STEP}=#{step_value.inspect}: expected a size such as 64mb; " \
-              "using a tenth of the limit"
+          if step.nil? || step < RssWatch::MIN_STEP
+            warn "datadog_heap/auto: ignoring #{ENV_RSS_STEP}=#{step_value.inspect}: expected a size of at least 1mb " \
+              "such as 64mb; using a tenth of the limit"
+            step = nil
           end
         end
         {limit: limit, step: step}

@@ -5,6 +5,7 @@ require "fileutils"
 require "rbconfig"
 require "tmpdir"
 require "datadog_heap"
+require_relative "cli/safe_text"
 require_relative "cli/why"
 require_relative "cli/trend"
 
@@ -15,6 +16,8 @@ module DatadogHeap
   #
   # Exit codes: 0 ok, 1 error (unreadable profile, command that cannot start...), 2 usage. `run`
   # exits with the status of the program it ran. Errors go to stderr, without a backtrace.
+  # Nothing it prints holds a control character: names from a profile are shown escaped (see
+  # SafeText), so a crafted profile cannot drive the terminal.
   class CLI
     include Why
     include TrendCommand
@@ -39,8 +42,8 @@ module DatadogHeap
     }.freeze
 
     def initialize(out: $stdout, err: $stderr, env: ENV)
-      @out = out
-      @err = err
+      @out = SafeText::Output.new(out)
+      @err = SafeText::Output.new(err)
       @env = env
     end
 
@@ -213,7 +216,7 @@ module DatadogHeap
       kind = group[:group]
       noun = kind.to_s
       @out.puts(profile_summary(profile, sites.size, noun))
-      profile.comments.each { |comment| @out.puts("Note: #{comment}") }
+      profile.comments.each { |comment| @out.puts("Note: #{SafeText.escape(comment)}") }
       if sites.empty?
         @out.puts("No live objects in #{profile.count > 1 ? "these profiles" : "this profile"}.")
         return
@@ -250,16 +253,17 @@ module DatadogHeap
 
     # "PATH" for one profile; "N profiles summed (A, B, ...)" for several.
     def profile_name(profile)
-      return profile.path || "(profile)" if profile.count == 1
+      return SafeText.escape(profile.path || "(profile)") if profile.count == 1
 
-      names = profile.paths
+      names = profile.paths.map { |name| SafeText.escape(name) }
       shown = names.size > 3 ? names.first(2) + ["... #{names.size - 2} more"] : names
       "#{profile.count} profiles summed (#{shown.join(", ")})"
     end
 
     def profile_summary(profile, site_count, noun = "site")
       bytes = profile.sizes? ? "#{human_bytes(profile.total_bytes)} in " : ""
-      period = profile.period_type && profile.period > 1 ? ", sampled 1 in #{profile.period} #{profile.period_type[0]}" : ""
+      unit = profile.period_type && SafeText.escape(profile.period_type[0])
+      period = unit && profile.period > 1 ? ", sampled 1 in #{profile.period} #{unit}" : ""
       "#{profile_name(profile)}: #{bytes}#{profile.total_objects} live objects at #{plural(site_count, noun)}#{period}"
     end
 
@@ -386,9 +390,15 @@ module DatadogHeap
         p.on("--upload TARGET", "also send each profile to TARGET: agent, an agent URL, or pyroscope:URL " \
           "(DATADOG_HEAP_UPLOAD; see the README)") do |target|
           require_relative "upload"
-          unless Upload.target(target, @env)
+          _, url = Upload.target(target, @env)
+          unless url
             raise OptionParser::InvalidArgument, "--upload must be agent, an agent URL (http://, https://, unix://), " \
-              "pyroscope or pyroscope:URL, got #{target}"
+              "pyroscope or pyroscope:URL, got #{Redact.text(target)}"
+          end
+          begin
+            Exporter.check_url("--upload", url)
+          rescue ArgumentError => e
+            raise OptionParser::InvalidArgument, e.message
           end
 
           options[:upload] = target
@@ -483,15 +493,16 @@ module DatadogHeap
     # --- formatting --------------------------------------------------------------------------
 
     # Columns padded to their widest cell; `aligns` has one "l" or "r" per column. The last column
-    # is not padded, and no line ends in spaces.
+    # is not padded, and no line ends in spaces. Cells are shown escaped (SafeText.escape): one
+    # line per row.
     def table(headers, rows, aligns)
-      all = [headers, *rows]
-      widths = headers.each_index.map { |i| all.map { |r| r[i].to_s.size }.max }
+      all = [headers, *rows].map { |row| row.map { |cell| SafeText.escape(cell) } }
+      widths = headers.each_index.map { |i| all.map { |r| r[i].size }.max }
       all.map do |row|
         row.each_with_index.map do |cell, i|
-          next cell.to_s if i == row.size - 1
+          next cell if i == row.size - 1
 
-          aligns[i] == "r" ? cell.to_s.rjust(widths[i]) : cell.to_s.ljust(widths[i])
+          aligns[i] == "r" ? cell.rjust(widths[i]) : cell.ljust(widths[i])
         end.join("  ").rstrip
       end.join("\n")
     end

@@ -16,12 +16,17 @@ module DatadogHeap
   #   curl 'http://127.0.0.1:9292/debug/heap?report=1&top=20'      # the text of `datadog-heap report`
   #
   # It is off unless added: nothing else serves the heap. Requests to any other path go to the app
-  # untouched. Who may read the heap:
-  # - without `token:`, only loopback clients (127.0.0.0/8, ::1) that came straight in: a request
-  #   carrying a proxy header (X-Forwarded-For, Forwarded, X-Real-IP) is not, since a proxy on
-  #   the same host makes every client look local. Others get 404, as if nothing were here.
+  # untouched. Who may read the heap (docs/http-endpoint.md says what each mode protects against):
+  # - without `token:` (loopback mode), only a request made on this host straight to the server:
+  #   from a loopback address (127.0.0.0/8, ::1), for a loopback name (a Host of localhost,
+  #   127.x.x.x or [::1], any port, or no Host header at all), carrying no header a proxy adds
+  #   (Forwarded, X-Forwarded-*, Via, X-Real-IP, CF-Connecting-IP, True-Client-IP, X-Client-IP...).
+  #   A client at another address gets 404, as if nothing were here. A loopback client with any
+  #   other Host (a web page reaching this port through DNS rebinding) or a forwarding header (a
+  #   proxy on this host, which makes every client look local) gets 403 saying why and how to set
+  #   a token; nothing of the request is echoed.
   # - with `token:`, any client sending `Authorization: Bearer <token>`, compared in constant time;
-  #   others get 403.
+  #   others get 403. Host and proxy headers are not looked at.
   # Only GET (405 otherwise). Query: `report=1` (text instead of pprof), `top=N` (1 to 1000, default
   # 10), `by=size|count`; a bad value gets 400 naming it. The profile is the process-wide
   # recorder's (DatadogHeap.start, auto mode, the Railtie) unless `recorder:` names another; 503
@@ -31,7 +36,22 @@ module DatadogHeap
   class Middleware
     DEFAULT_PATH = "/debug/heap"
     MAX_TOP = 1000
-    PROXY_HEADERS = %w[HTTP_X_FORWARDED_FOR HTTP_FORWARDED HTTP_X_REAL_IP].freeze
+    # Rack env keys of the headers proxies add to say who the client is or that they passed the
+    # request on; every HTTP_X_FORWARDED_* key counts too (FORWARDED_PREFIX).
+    FORWARDING_HEADERS = %w[HTTP_FORWARDED HTTP_VIA HTTP_X_REAL_IP HTTP_CF_CONNECTING_IP HTTP_TRUE_CLIENT_IP
+      HTTP_X_CLIENT_IP HTTP_X_CLUSTER_CLIENT_IP HTTP_FASTLY_CLIENT_IP HTTP_X_ORIGINAL_FORWARDED_FOR
+      HTTP_X_ENVOY_EXTERNAL_ADDRESS].freeze
+    FORWARDED_PREFIX = /\AHTTP_X_FORWARDED(?:_|\z)/
+    # A Host header naming this host on the loopback: the name and an optional port.
+    HOST = /\A(localhost|\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-f:.]+\])(?::\d{1,5})?\z/i
+    TOKEN_HINT = "To serve it anyway, give the endpoint a token (DatadogHeap::Middleware's token:, or " \
+      "config.datadog_heap.endpoint_token in Rails) and send `Authorization: Bearer <token>`."
+    PROXIED = "datadog_heap: refused: this request carries a proxy's forwarding header (X-Forwarded-For, " \
+      "Forwarded, Via...), and without a token the heap is served only to requests made straight to the " \
+      "server from this host. #{TOKEN_HINT}\n"
+    FOREIGN_HOST = "datadog_heap: refused: without a token the heap is served only to requests for localhost, " \
+      "127.0.0.1 or [::1] (any port); a web page can reach this port under a name of its own (DNS rebinding). " \
+      "#{TOKEN_HINT}\n"
     TRUE_VALUES = %w[1 true yes].freeze
     FALSE_VALUES = ["", "0", "false", "no"].freeze
 
@@ -126,9 +146,31 @@ module DatadogHeap
         ok = given && self.class.secure_compare_digests(Digest::SHA256.digest(given), @token_digest)
         return ok ? nil : text(403, "Forbidden\n")
       end
-      return nil if loopback?(env["REMOTE_ADDR"]) && PROXY_HEADERS.none? { |h| env.key?(h) }
+      return text(404, "Not Found\n") unless loopback?(env["REMOTE_ADDR"])
+      return text(403, PROXIED) if forwarded?(env)
+      return text(403, FOREIGN_HOST) unless loopback_host?(env["HTTP_HOST"])
 
-      text(404, "Not Found\n")
+      nil
+    end
+
+    # Whether a proxy's header is in `env` (FORWARDING_HEADERS, any HTTP_X_FORWARDED_*).
+    def forwarded?(env)
+      return true if FORWARDING_HEADERS.any? { |key| env.key?(key) }
+
+      env.each_key.any? { |key| String === key && FORWARDED_PREFIX.match?(key) }
+    end
+
+    # Whether `host` (the Host header, nil when the request has none) names this host on the
+    # loopback. No Host header is taken as local: every browser sends one, so a request without
+    # it does not come from a web page, and its address was checked to be a loopback one.
+    def loopback_host?(host)
+      return true if NilClass === host
+      return false unless String === host && (m = HOST.match(host))
+
+      name = m[1].downcase
+      return true if name == "localhost"
+
+      loopback?(name.delete_prefix("[").delete_suffix("]"))
     end
 
     def loopback?(address)

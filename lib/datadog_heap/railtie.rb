@@ -45,6 +45,9 @@ module DatadogHeap
     config.datadog_heap = ActiveSupport::OrderedOptions.new.merge!(DEFAULTS)
 
     # After config/initializers, so settings made there count; before the middleware stack is built.
+    # First in the stack, ahead of Rails' HostAuthorization and SSL redirects: without a token the
+    # middleware checks the Host header and proxy headers itself (see Middleware), so it does not
+    # rely on config.hosts, which production apps often leave open.
     initializer "datadog_heap.endpoint", after: :load_config_initializers do |app|
       settings = Railtie.settings(app.config.datadog_heap)
       if settings[:endpoint]
@@ -159,10 +162,14 @@ module DatadogHeap
         raise TypeError, "#{name} must be a String, got #{Validate.describe(value)}" unless String === value
 
         require "datadog_heap/upload"
-        return value if Upload.target(value.strip, ENV)
+        _, url = Upload.target(value.strip, ENV)
+        if url
+          Exporter.check_url(name, url)
+          return value
+        end
 
         raise ArgumentError, "#{name} must be agent, an agent URL (http://, https://, unix://), pyroscope or " \
-          "pyroscope:URL, got #{Validate.show(value)}"
+          "pyroscope:URL, got #{Validate.show(Redact.text(value))}"
       end
 
       # Runs the block, naming `name` in the message of the TypeError or ArgumentError it raises.

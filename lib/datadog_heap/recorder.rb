@@ -41,7 +41,7 @@ module DatadogHeap
   #   RssWatch::INTERVAL seconds and writes a profile to rss_output when RSS first reaches the
   #   limit, then again at each further rss_step. Never from the allocation hook.
   # - rss_step: bytes between two such profiles past the limit (default: a tenth of rss_limit, at
-  #   least 1 MiB); only with rss_limit.
+  #   least 1 MiB); at least 1 MiB (RssWatch::MIN_STEP), else an ArgumentError; only with rss_limit.
   # - rss_output: the directory those profiles go to, as heap-rss-<pid>-<n>.pb.gz (default: the
   #   current directory when the recorder is created); only with rss_limit.
   class Recorder
@@ -149,7 +149,7 @@ module DatadogHeap
       end
       Validate.integer!(:rss_limit, limit, 1, 2**62)
       options[:rss_step] = RssWatch.default_step(limit) if NilClass === options[:rss_step]
-      Validate.integer!(:rss_step, options[:rss_step], 1, 2**62)
+      RssWatch.check_step(:rss_step, options[:rss_step])
       output = NilClass === options[:rss_output] ? Dir.pwd : Validate.path!(:rss_output, options[:rss_output])
       options[:rss_output] = File.expand_path(output)
       options

@@ -18,7 +18,8 @@ module DatadogHeap
     # Seconds between two reads of RSS (a read costs a few microseconds).
     INTERVAL = 0.25
     STATM = "/proc/self/statm"
-    # The default step: a tenth of the limit, at least 1 MiB.
+    # The smallest step taken, and the default step's floor (the default: a tenth of the limit). A
+    # smaller step would write a profile at nearly every check of a growing process.
     MIN_STEP = 1 << 20
     UNITS = {"" => 1, "b" => 1, "k" => 1 << 10, "kb" => 1 << 10, "m" => 1 << 20, "mb" => 1 << 20,
              "g" => 1 << 30, "gb" => 1 << 30}.freeze
@@ -50,6 +51,15 @@ module DatadogHeap
         [limit / 10, MIN_STEP].max
       end
 
+      # `step` when it is an Integer of at least MIN_STEP bytes; raises naming `name` otherwise.
+      def check_step(name, step)
+        raise TypeError, "#{name} must be an Integer (bytes), got #{Validate.describe(step)}" unless Integer === step
+        return step if step.between?(MIN_STEP, 2**62)
+
+        raise ArgumentError, "#{name} must be at least 1 MiB (#{MIN_STEP} bytes; a profile per smaller growth " \
+          "is noise) and at most 2**62 bytes, got #{Validate.show(step)}"
+      end
+
       private
 
       def page_size
@@ -63,9 +73,11 @@ module DatadogHeap
     attr_reader :limit, :step
 
     # Calls `on_cross.call(rss, threshold)` from the watch thread at each threshold crossed.
+    # `limit` and `step` in bytes; `step` at least MIN_STEP (1 MiB), default a tenth of the limit
+    # (at least 1 MiB).
     def initialize(limit:, step: nil, interval: INTERVAL, &on_cross)
       @limit = limit
-      @step = step || self.class.default_step(limit)
+      @step = step.nil? ? self.class.default_step(limit) : self.class.check_step(:step, step)
       @interval = interval
       @on_cross = on_cross
       @next = limit
@@ -109,8 +121,9 @@ module DatadogHeap
       return nil if rss.nil? || rss < @next
 
       threshold = @next
-      # Past several steps at once: one profile, and the next threshold above the current RSS.
-      @next += @step while @next <= rss
+      # Past several steps at once: one profile, and the next threshold is the first step above
+      # the current RSS.
+      @next += ((rss - @next) / @step + 1) * @step
       begin
         @on_cross&.call(rss, threshold)
       rescue StandardError => e

@@ -3,6 +3,29 @@
 require "datadog_heap"
 
 module DatadogHeap
+  # Keeps secrets out of messages and inspect: the credentials of a URL (`scheme://user:pass@`)
+  # and tokens. Nothing here prints a secret it was given.
+  module Redact
+    # The userinfo of every URL in a text: from `scheme://` to the last `@` before the host's end.
+    USERINFO = %r{([a-z][a-z0-9+.-]*://)[^/?#\s]*@}i
+    SHOWN = "[redacted]"
+
+    module_function
+
+    # `text` with the userinfo of every URL in it, and every one of `secrets` (Strings, nil
+    # ignored), replaced by [redacted].
+    def text(text, *secrets)
+      out = text.to_s.gsub(USERINFO) { "#{$1}#{SHOWN}@" }
+      secrets.each { |secret| out = out.gsub(secret, SHOWN) if String === secret && !secret.empty? }
+      out
+    end
+
+    # Whether `url` carries userinfo (`user@`, `user:password@`).
+    def userinfo?(url)
+      /\A#{USERINFO}/o.match?(url)
+    end
+  end
+
   # Sends heap profiles to a backend: a Datadog agent (its profiling intake) or a Pyroscope server
   # (its pprof ingest). The HTTP is libdd-profiling's exporter, in the extension; see
   # src/exporter/ for the wire formats.
@@ -25,13 +48,15 @@ module DatadogHeap
 
     class << self
       # backend: :agent or :pyroscope; url: the agent's base URL (http://, https:// or unix://)
-      # or the Pyroscope server's; tags: ["key:value", ...]; app_name, auth_token, tenant_id:
-      # Pyroscope only.
+      # or the Pyroscope server's, without credentials (see check_url); tags: ["key:value", ...];
+      # app_name, auth_token, tenant_id: Pyroscope only. auth_token (printable ASCII) is sent as
+      # `Authorization: Bearer <token>` and never shown in a message.
       def new(backend:, url:, tags: [], timeout: DEFAULTS[:timeout], max_queue: DEFAULTS[:max_queue],
         app_name: nil, auth_token: nil, tenant_id: nil)
         Validate.one_of!(:backend, backend, BACKENDS)
 
         string!(:url, url)
+        check_url(:url, url)
         raise TypeError, "tags must be an Array of Strings, got #{tags.inspect}" unless tags.is_a?(Array) && tags.all?(String)
         raise TypeError, "timeout must be a Numeric, got #{timeout.inspect}" unless timeout.is_a?(Numeric)
         unless timeout.to_f.finite? && timeout > 0 && timeout <= MAX_TIMEOUT
@@ -42,19 +67,44 @@ module DatadogHeap
         pyroscope = backend == :pyroscope
         {app_name: app_name, auth_token: auth_token, tenant_id: tenant_id}.each do |name, value|
           next if value.nil?
-          raise ArgumentError, "#{name} is for backend: :pyroscope only, got #{name}: #{value.inspect}" unless pyroscope
+          unless pyroscope
+            shown = name == :auth_token ? "an auth_token (not shown: it is a secret)" : "#{name}: #{value.inspect}"
+            raise ArgumentError, "#{name} is for backend: :pyroscope only, got #{shown}"
+          end
 
           string!(name, value)
         end
         raise ArgumentError, "app_name is required with backend: :pyroscope" if pyroscope && app_name.nil?
+        unless auth_token.nil? || auth_token.match?(/\A[\x20-\x7e]*\z/)
+          raise ArgumentError, "auth_token must be printable ASCII (it is sent as `Authorization: Bearer <token>`); " \
+            "not shown: it is a secret"
+        end
 
-        _native_new(backend.to_s, url, app_name, auth_token, tenant_id, tags, timeout.to_f, max_queue, VERSION)
+        begin
+          _native_new(backend.to_s, url, app_name, auth_token, tenant_id, tags, timeout.to_f, max_queue, VERSION)
+        rescue ArgumentError, TypeError, Error => e
+          raise e.class, Redact.text(e.message, auth_token), e.backtrace
+        end
+      end
+
+      # Raises ArgumentError naming `name` when `url` carries credentials (`user:password@`):
+      # neither backend sends them (the agent takes none; Pyroscope takes auth_token), and a URL
+      # holding them would show them in every message naming it. The URL is shown redacted.
+      def check_url(name, url)
+        return url unless Redact.userinfo?(url)
+
+        raise ArgumentError, "#{name} must not carry credentials (user:password@), which are never sent: " \
+          "for Pyroscope give the token as auth_token (PYROSCOPE_AUTH_TOKEN for datadog_heap/auto); the Datadog " \
+          "agent takes none; got #{Redact.text(url)}"
       end
 
       private
 
       def string!(name, value)
-        raise TypeError, "#{name} must be a String, got #{Validate.describe(value)}" unless value.is_a?(String)
+        return if value.is_a?(String)
+
+        shown = name == :auth_token ? "a #{Validate.class_name(value)} (not shown: it is a secret)" : Validate.describe(value)
+        raise TypeError, "#{name} must be a String, got #{shown}"
       end
     end
 
@@ -98,7 +148,8 @@ module DatadogHeap
   # - DATADOG_HEAP_UPLOAD_TIMEOUT: seconds one request may take (default 10).
   #
   # One warning per run of failures (and one when uploads work again); every failure and drop is
-  # counted in #stats.
+  # counted in #stats. A URL with credentials (`user:password@`) is refused (ArgumentError, see
+  # Exporter.check_url); no message or inspect shows a credential or PYROSCOPE_AUTH_TOKEN.
   class Upload
     ENV_UPLOAD = "DATADOG_HEAP_UPLOAD"
     ENV_TIMEOUT = "DATADOG_HEAP_UPLOAD_TIMEOUT"
@@ -117,7 +168,7 @@ module DatadogHeap
 
         backend, url = target(value.strip, env)
         unless backend
-          warn "datadog_heap: ignoring #{ENV_UPLOAD}=#{value.inspect}: expected agent, an agent URL " \
+          warn "datadog_heap: ignoring #{ENV_UPLOAD}=#{Redact.text(value).inspect}: expected agent, an agent URL " \
             "(http://, https://, unix://), pyroscope or pyroscope:URL; not uploading"
           return nil
         end
@@ -191,11 +242,11 @@ module DatadogHeap
     def flush
       sent, failure, message = @exporter.flush
       if failure && failure != :busy
-        warn "datadog_heap: could not upload heap profiles to #{@url} (#{failure}): #{message}; " \
+        warn "datadog_heap: could not upload heap profiles to #{redact(@url)} (#{failure}): #{redact(message)}; " \
           "retrying at the next profile, without more warnings until one goes through" unless @failing
         @failing = true
       elsif sent > 0 && @failing
-        warn "datadog_heap: uploading heap profiles to #{@url} again"
+        warn "datadog_heap: uploading heap profiles to #{redact(@url)} again"
         @failing = false
       end
       [sent, failure, message]
@@ -203,6 +254,11 @@ module DatadogHeap
 
     def stats
       @exporter.stats
+    end
+
+    # Backend and URL only: the environment it was built from holds secrets.
+    def inspect
+      "#<#{self.class.name} backend=#{@backend.inspect} url=#{redact(@url).inspect}>"
     end
 
     # In a forked child: a new exporter (the parent's client belongs to the parent), nothing of
@@ -224,6 +280,10 @@ module DatadogHeap
         opts[:tenant_id] = self.class.present(@env["PYROSCOPE_TENANT_ID"])
       end
       Exporter.new(**opts)
+    end
+
+    def redact(text)
+      Redact.text(text, self.class.present(@env["PYROSCOPE_AUTH_TOKEN"]))
     end
 
     def timeout

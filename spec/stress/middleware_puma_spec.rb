@@ -86,8 +86,12 @@ RSpec.describe "DatadogHeap::Middleware under puma, read with curl", :stress do
     expect(body.byteslice(0, 2).bytes).to eq([0x1f, 0x8b])
   end
 
-  it "answers 404 to a client that came through a proxy, and passes other paths to the app" do
-    expect(curl("/debug/heap", "-H", "X-Forwarded-For: 203.0.113.9")).to eq([404, "Not Found\n"])
+  it "answers 403 to a client that came through a proxy or asked for another Host, and passes other paths to the app" do
+    status, body = curl("/debug/heap", "-H", "X-Forwarded-For: 203.0.113.9")
+    expect([status, body]).to match([403, /forwarding header.*token/m])
+    status, body = curl("/debug/heap", "-H", "Host: attacker.example")
+    expect([status, body]).to match([403, /localhost, 127\.0\.0\.1 or \[::1\].*token/m])
+    expect(curl("/debug/heap", "-H", "Host: localhost:#{@port}")[0]).to eq(200)
     status, body = curl("/other")
     expect([status, body]).to match([200, /\Akept \d+\n\z/])
   end

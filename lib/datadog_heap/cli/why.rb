@@ -50,7 +50,7 @@ module DatadogHeap
         rows.each_with_index do |(site, paths), i|
           @out.puts
           @out.puts("#{i + 1}. #{profile.sizes? ? "#{human_bytes(site.live_bytes)}, " : ""}#{site.live_objects} objects " \
-            "(#{percent(site.share)})  #{site.class_name || "?"}  #{site.label}")
+            "(#{percent(site.share)})  #{SafeText.escape(site.class_name || "?")}  #{SafeText.escape(site.label)}")
           why_lines(profile, paths).each { |line| @out.puts("   #{line}") }
         end
         EXIT_OK
@@ -67,7 +67,7 @@ module DatadogHeap
           app_root: grouping(options)[:app_root])
         @out.puts("Retained by:")
         rows.each do |site, paths|
-          @out.puts("  #{site.label} (#{site.class_name || "?"})")
+          @out.puts("  #{SafeText.escape(site.label)} (#{SafeText.escape(site.class_name || "?")})")
           why_lines(profile, paths).each { |line| @out.puts("    #{line}") }
         end
       end
@@ -76,7 +76,7 @@ module DatadogHeap
         return ["(no sampled object of this site has a path)"] if paths.empty?
 
         paths.map do |path, objects, bytes|
-          "#{profile.sizes? ? "#{human_bytes(bytes)}, " : ""}#{objects} objects: #{path}"
+          "#{profile.sizes? ? "#{human_bytes(bytes)}, " : ""}#{objects} objects: #{SafeText.escape(path)}"
         end
       end
     end
