@@ -54,6 +54,21 @@ RSpec.describe DatadogHeap::Middleware do
     expect(body).to include(File.basename(__FILE__))
   end
 
+  it "runs a full GC first with ?gc=1 (by default with the leak-hunt preset), and says whether one ran" do
+    record_some
+    middleware = described_class.new(app, recorder: recorder)
+    gcs = GC.count
+    _, _, with_gc = request(middleware, query: "report=1&gc=1")
+    expect(GC.count).to be > gcs
+    expect(with_gc).to include("Note: datadog_heap: a full GC ran just before this profile")
+    _, _, plain = request(middleware, query: "report=1")
+    expect(plain).to include("Note: datadog_heap: no full GC ran just before this profile")
+    expect(request(middleware, query: "gc=maybe")[0]).to eq(400)
+    hunt = DatadogHeap::Recorder.new(preset: :leak_hunt)
+    _, _, hunted = request(described_class.new(app, recorder: hunt), query: "report=1")
+    expect(hunted).to include("a full GC ran just before this profile")
+  end
+
   it "serves IPv6 and IPv4-mapped loopback clients" do
     middleware = described_class.new(app, recorder: recorder)
     %w[::1 ::ffff:127.0.0.1 127.1.2.3].each do |remote|

@@ -28,7 +28,10 @@ module DatadogHeap
   # - with `token:`, any client sending `Authorization: Bearer <token>`, compared in constant time;
   #   others get 403. Host and proxy headers are not looked at.
   # Only GET (405 otherwise). Query: `report=1` (text instead of pprof), `top=N` (1 to 1000, default
-  # 10), `by=size|count`; a bad value gets 400 naming it. The profile is the process-wide
+  # 10), `by=size|count`, `gc=1` (a full GC first, so garbage not yet collected is not listed; the
+  # default is the recorder's preset's, see Recorder#gc_before_profile?; the profile's notes say
+  # whether one ran), `retainers=1` (retainer paths; default: the preset's); a bad value gets 400
+  # naming it. The endpoint's own allocations are never sampled. The profile is the process-wide
   # recorder's (DatadogHeap.start, auto mode, the Railtie) unless `recorder:` names another; 503
   # while there is none. Building a profile runs a full update under the GVL (see
   # Recorder#profile), so requests are served one at a time. Nothing here raises into the server:
@@ -126,8 +129,9 @@ module DatadogHeap
       recorder = @recorder || DatadogHeap.recorder
       return text(503, "datadog_heap: not recording in this process (pid #{Process.pid}): DatadogHeap.start was never called\n") unless recorder
 
-      bytes = @lock.synchronize { recorder.profile }
-      return report(bytes, query) if query[:report]
+      retainers = query[:retainers].nil? ? recorder.retainers_by_default? : query[:retainers]
+      bytes = @lock.synchronize { recorder.profile(gc: query[:gc], retainers: retainers || nil) }
+      return DatadogHeap.own_work { report(bytes, query) } if query[:report]
 
       [200, {"content-type" => "application/octet-stream", "content-length" => bytes.bytesize.to_s,
         "content-disposition" => "attachment; filename=\"heap-#{Process.pid}.pb.gz\"", "cache-control" => "no-store"}, [bytes]]
@@ -189,12 +193,13 @@ module DatadogHeap
       rescue ArgumentError => e
         raise BadRequest, "the query string is not valid: #{e.message}"
       end
-      {report: flag(params, "report"), top: top(params["top"]), by: by(params["by"])}
+      {report: flag(params, "report"), top: top(params["top"]), by: by(params["by"]),
+       gc: flag(params, "gc", nil), retainers: flag(params, "retainers", nil)}
     end
 
-    def flag(params, name)
+    def flag(params, name, default = false)
       value = params[name]
-      return false if value.nil?
+      return default if value.nil?
       return true if TRUE_VALUES.include?(value)
       return false if FALSE_VALUES.include?(value)
 
