@@ -2,6 +2,7 @@
 
 require_relative "spec_helper"
 require "zlib"
+require "tmpdir"
 require "datadog_heap/middleware"
 
 # DatadogHeap::Middleware through plain Rack env hashes (no rack gem needed); spec/stress/
@@ -67,6 +68,30 @@ RSpec.describe DatadogHeap::Middleware do
     hunt = DatadogHeap::Recorder.new(preset: :leak_hunt)
     _, _, hunted = request(described_class.new(app, recorder: hunt), query: "report=1")
     expect(hunted).to include("a full GC ran just before this profile")
+  end
+
+  it "sums this worker's heap and the latest profile of every other live worker with ?workers=1" do
+    record_some
+    Dir.mktmpdir do |dir|
+      other = Process.spawn(RbConfig.ruby, "-e", "sleep 30")
+      dead = Process.spawn(RbConfig.ruby, "-e", "exit")
+      Process.wait(dead)
+      bytes = recorder.profile
+      %W[heap-#{other}-1 heap-#{other}-2 heap-#{dead}-5 other-#{other}-9].each { |name| File.binwrite(File.join(dir, "#{name}.pb.gz"), bytes) }
+      middleware = described_class.new(app, recorder: recorder, workers_dir: dir)
+      status, _, body = request(middleware, query: "report=1&workers=1")
+      expect(status).to eq(200), body
+      expect(body.lines.first).to include("2 profiles summed").and include("heap-#{other}-2.pb.gz")
+      expect(body).not_to include("heap-#{dead}-5")
+      expect(body).not_to include("heap-#{other}-1.pb.gz")
+      expect(request(middleware, query: "workers=1")[0]).to eq(400)
+      expect(request(described_class.new(app, recorder: recorder), query: "report=1&workers=1")[2]).to include("needs a directory")
+    ensure
+      if other
+        Process.kill("KILL", other)
+        Process.wait(other)
+      end
+    end
   end
 
   it "serves IPv6 and IPv4-mapped loopback clients" do

@@ -134,12 +134,18 @@ module RealPrograms
   end
 
   # In the child: runs `program` under the trace and a recorder at exactly `sample_every`
-  # (max_overhead: nil, so the overhead budget never raises the interval); returns
+  # (max_overhead: nil, so the overhead budget never raises the interval; with
+  # REAL_PROGRAMS_AS_USER=1 the recorder is made as a user would, `Recorder.new(sample_every: n)`,
+  # which must come to the same); returns
   # {est:, truth:, stats:, seconds:}. est: "file:line" => [objects, bytes] from the profile's
   # samples; truth: "file:line" => [objects, bytes, sum of squared bytes].
   def measure(program, sample_every, dir)
     ObjectSpace.trace_object_allocations_start
-    rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: sample_every, max_overhead: nil)
+    rec = if ENV["REAL_PROGRAMS_AS_USER"] == "1"
+      DatadogHeap::Recorder.new(sample_every: sample_every)
+    else
+      DatadogHeap::Recorder.new(sampler: :countdown, sample_every: sample_every, max_overhead: nil)
+    end
     rec.start
     started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
     $real_programs_kept = program[:run].call(dir)

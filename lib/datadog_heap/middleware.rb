@@ -31,7 +31,13 @@ module DatadogHeap
   # 10), `by=size|count`, `gc=1` (a full GC first, so garbage not yet collected is not listed; the
   # default is the recorder's preset's, see Recorder#gc_before_profile?; the profile's notes say
   # whether one ran), `retainers=1` (retainer paths; default: the preset's); a bad value gets 400
-  # naming it. The endpoint's own allocations are never sampled. The profile is the process-wide
+  # naming it. The endpoint's own allocations are never sampled.
+  #
+  # In a cluster (puma workers, unicorn) each connection reaches one worker. With `workers_dir:`
+  # (the Railtie passes its `output`), `?workers=1&report=1` reports the sum of this worker's heap
+  # now and the latest profile each other live process wrote there (`heap-<pid>-<n>.pb.gz`, as auto
+  # mode and the Railtie name them; a process is live while `kill(0)` says so). Those are up to one
+  # writer `interval` old; the report's header lists the files summed. The profile is the process-wide
   # recorder's (DatadogHeap.start, auto mode, the Railtie) unless `recorder:` names another; 503
   # while there is none. Building a profile runs a full update under the GVL (see
   # Recorder#profile), so requests are served one at a time. Nothing here raises into the server:
@@ -66,8 +72,9 @@ module DatadogHeap
     # `path`: where the endpoint answers (a String starting with "/"). `token`: nil (loopback
     # clients only) or the bearer token clients must send (a non-empty String). `recorder`: nil
     # (DatadogHeap.recorder at each request) or a DatadogHeap::Recorder.
-    def initialize(app, path: DEFAULT_PATH, token: nil, recorder: nil)
+    def initialize(app, path: DEFAULT_PATH, token: nil, recorder: nil, workers_dir: nil)
       @app = app
+      @workers_dir = NilClass === workers_dir ? nil : Validate.path!(:workers_dir, workers_dir)
       @path = self.class.check_path(path)
       @token_digest = NilClass === (token = self.class.check_token(token)) ? nil : Digest::SHA256.digest(token)
       unless NilClass === recorder || Recorder === recorder
@@ -130,6 +137,10 @@ module DatadogHeap
       return text(503, "datadog_heap: not recording in this process (pid #{Process.pid}): DatadogHeap.start was never called\n") unless recorder
 
       retainers = query[:retainers].nil? ? recorder.retainers_by_default? : query[:retainers]
+      if query[:workers]
+        raise BadRequest, "workers=1 needs report=1 (the pprof of each worker is in its own files)" unless query[:report]
+        raise BadRequest, "workers=1 needs a directory the workers write to (config.datadog_heap.output)" unless @workers_dir
+      end
       bytes = @lock.synchronize { recorder.profile(gc: query[:gc], retainers: retainers || nil) }
       return DatadogHeap.own_work { report(bytes, query) } if query[:report]
 
@@ -194,7 +205,7 @@ module DatadogHeap
         raise BadRequest, "the query string is not valid: #{e.message}"
       end
       {report: flag(params, "report"), top: top(params["top"]), by: by(params["by"]),
-       gc: flag(params, "gc", nil), retainers: flag(params, "retainers", nil)}
+       gc: flag(params, "gc", nil), retainers: flag(params, "retainers", nil), workers: flag(params, "workers")}
     end
 
     def flag(params, name, default = false)
@@ -224,9 +235,32 @@ module DatadogHeap
 
     def report(bytes, query)
       profile = Profile.parse(bytes, path: "heap of pid #{Process.pid}")
+      profile = Profile.merge([profile, *other_workers]) if query[:workers]
       out = StringIO.new
       CLI.new(out: out, err: out).write_report(profile, top: query[:top], by: query[:by])
       text(200, out.string)
+    end
+
+    # The latest profile of each other live process in @workers_dir (see the class docs).
+    def other_workers
+      latest = {}
+      Dir.glob(File.join(@workers_dir, "heap-*-*.pb.gz")).each do |file|
+        name = File.basename(file).match(/\Aheap-(\d+)-(\d+)\.pb\.gz\z/) or next
+        pid, n = Integer(name[1], 10), Integer(name[2], 10)
+        next if pid == Process.pid || !alive?(pid)
+
+        latest[pid] = [n, file] if latest[pid].nil? || latest[pid][0] < n
+      end
+      latest.values.sort.map { |_, file| Profile.load(file) }
+    end
+
+    def alive?(pid)
+      Process.kill(0, pid)
+      true
+    rescue Errno::ESRCH
+      false
+    rescue Errno::EPERM
+      true
     end
 
     def text(status, body, headers = {})

@@ -53,7 +53,7 @@ module DatadogHeap
       if settings[:endpoint]
         require "datadog_heap/middleware"
         app.config.middleware.insert_before(0, DatadogHeap::Middleware,
-          path: settings[:endpoint_path], token: settings[:endpoint_token])
+          path: settings[:endpoint_path], token: settings[:endpoint_token], workers_dir: settings[:output])
       end
     end
 

@@ -1,0 +1,105 @@
+# frozen_string_literal: true
+
+# Does a profile find the leak? examples/rails_leak/app.rb (Rails 6.1, the Railtie, the endpoint)
+# served by puma (single mode, 4 threads), REQUESTS requests (orders, search, health), then the
+# endpoint's report: is the leak (OrdersController#remember) the top row, and on how many live
+# samples does that row rest? RUNS fresh servers per variant, variants alternating:
+#   leak_hunt  config.datadog_heap.preset = :leak_hunt
+#   defaults   the Railtie's defaults (windowed sampler, 1 in 4096, the 1% budget)
+#   1024       config.datadog_heap.sample_every = 1024 (no budget: an interval set is kept)
+#
+# Run: ruby -Ilib bench/rails_leak.rb (RUNS=10 REQUESTS=2000 VARIANTS=leak_hunt,defaults; BENCH_SMOKE=1)
+require_relative "support"
+require "net/http"
+require "socket"
+
+APP = File.expand_path("../examples/rails_leak/config.ru", __dir__)
+REQUESTS = Integer(ENV.fetch("REQUESTS", Bench.pick(2000, 300).to_s), 10)
+RUNS = Integer(ENV.fetch("RUNS", Bench.pick(10, 1).to_s), 10)
+SETTINGS = {
+  "leak_hunt" => {enabled: true, endpoint: true, preset: "leak_hunt"},
+  "defaults" => {enabled: true, endpoint: true},
+  "1024" => {enabled: true, endpoint: true, sample_every: 1024},
+}.freeze
+VARIANTS = ENV.fetch("VARIANTS", "leak_hunt,defaults").split(",").each { |v| SETTINGS.fetch(v) }
+LEAK = /app\.rb:\d+ in OrdersController#remember/
+
+def free_port
+  server = TCPServer.new("127.0.0.1", 0)
+  server.addr[1]
+ensure
+  server&.close
+end
+
+# Starts puma with `settings`, yields a Net::HTTP session, stops puma.
+def with_server(settings)
+  port = free_port
+  env = {"HEAP_SETTINGS" => JSON.generate(settings), "RAILS_ENV" => "production", "RUBYLIB" => File.expand_path("../lib", __dir__)}
+  log = File.open(File::NULL, "w")
+  pid = Process.spawn(env, "puma", "-b", "tcp://127.0.0.1:#{port}", "-t", "4:4", "--quiet", APP, out: log, err: log)
+  http = Net::HTTP.new("127.0.0.1", port)
+  deadline = Bench.now + 60
+  begin
+    http.start
+  rescue Errno::ECONNREFUSED
+    raise "puma did not start in 60 s" if Bench.now > deadline
+
+    sleep 0.2
+    retry
+  end
+  yield http
+ensure
+  http&.finish if http&.started?
+  if pid
+    Process.kill("TERM", pid)
+    Process.wait(pid)
+  end
+  log&.close
+end
+
+# One request of the mix: 6 in 10 an order (HTML or JSON), 3 a search, 1 a health check.
+def request(http, i)
+  path = case i % 10
+         when 0..2 then "/orders/#{i}"
+         when 3..5 then "/orders/#{i}.json"
+         when 6..8 then "/search?q=#{%w[red blue green large small][i % 5]}+widget"
+         else "/health"
+         end
+  response = http.get(path)
+  raise "GET #{path}: #{response.code}" unless response.code == "200"
+end
+
+# The report's site rows: [live bytes text, samples or nil, site text].
+def rows(report)
+  report.lines.grep(/\A\s*[\d.]+ (B|KiB|MiB|GiB)\s/).map(&:strip)
+end
+
+def run(variant)
+  with_server(SETTINGS.fetch(variant)) do |http|
+    t = Bench.now
+    REQUESTS.times { |i| request(http, i) }
+    elapsed = Bench.now - t
+    report = http.get("/debug/heap?report=1&top=10&gc=1").body
+    top = rows(report)
+    rank = top.index { |row| row.match?(LEAK) }
+    {rank: rank && rank + 1, top: top.first.to_s[0, 150], rps: REQUESTS / elapsed, notes: report.lines.grep(/^Note:/).map(&:strip)}
+  end
+end
+
+Bench.header("bench/rails_leak.rb: is the leak the report's top row?",
+  ["#{REQUESTS} requests per run, #{RUNS} runs per variant, puma single mode 4 threads, report after a full GC (?gc=1)"])
+results = Bench.alternate(VARIANTS, RUNS, gc: false) { |v| run(v) }
+rows = VARIANTS.map do |v|
+  runs = results[v]
+  ranks = runs.map { |r| r[:rank] || "-" }
+  [v, "#{runs.count { |r| r[:rank] == 1 }} / #{runs.size}", ranks.join(" "), format("%.0f", Bench.median(runs.map { |r| r[:rps] }))]
+end
+Bench.table(["variant", "leak on top", "leak's rank per run", "requests/s (median)"], rows)
+VARIANTS.each do |v|
+  misses = results[v].reject { |r| r[:rank] == 1 }
+  next if misses.empty?
+
+  puts "#{v}: top rows when the leak was not on top:"
+  misses.first(3).each { |r| puts "  #{r[:top]}" }
+end
+results.each_value.flat_map { |runs| runs.flat_map { |r| r[:notes] } }.uniq.each { |n| puts n }

@@ -1,0 +1,101 @@
+# frozen_string_literal: true
+
+# A small Rails 6.1 app with a leak, for bench/rails_leak.rb and spec/stress/rails_leak_spec.rb:
+# a class-level cache that every GET /orders/:id request adds to and nothing ever empties
+# (OrdersController#remember), beside ordinary request work (params, JSON, an ERB view,
+# ActiveSupport), which allocates far more but keeps nothing. Configured from the environment:
+#
+#   HEAP_SETTINGS  a JSON object of config.datadog_heap settings (default: {"enabled": true,
+#                  "endpoint": true}); "preset" and "sampler" values become Symbols
+#
+#   puma -b tcp://127.0.0.1:3000 examples/rails_leak/config.ru
+
+require "json"
+require "tmpdir"
+require "logger"
+ENV["RAILS_ENV"] ||= "production"
+require "rails"
+require "action_controller/railtie"
+require "action_view/railtie"
+require "datadog_heap"
+
+class LeakyApp < Rails::Application
+  config.root = __dir__
+  config.eager_load = false
+  config.logger = Logger.new(nil)
+  config.log_level = :fatal
+  config.secret_key_base = "0" * 64
+  config.hosts.clear
+  config.consider_all_requests_local = false
+  config.action_controller.perform_caching = false
+  config.cache_store = :null_store
+
+  settings = JSON.parse(ENV.fetch("HEAP_SETTINGS", '{"enabled": true, "endpoint": true}'))
+  settings.each do |key, value|
+    value = value.to_sym if %w[preset sampler].include?(key) && value
+    config.datadog_heap[key] = value
+  end
+
+  routes.append do
+    get "/orders/:id" => "orders#show"
+    get "/search" => "search#index"
+    get "/health" => "health#show"
+  end
+end
+
+# An order as the app builds it from "the database": a few nested values.
+Order = Struct.new(:id, :customer, :lines, :total, :placed_at, keyword_init: true) do
+  def self.find(id)
+    lines = Array.new(3 + id % 4) do |i|
+      {sku: "SKU-#{id}-#{i}", quantity: 1 + i, price: (9.99 * (i + 1)).round(2), note: "line #{i} of order #{id}"}
+    end
+    new(id: id, customer: {name: "Customer #{id % 97}", email: "c#{id % 97}@example.com"},
+      lines: lines, total: lines.sum { |l| l[:quantity] * l[:price] }.round(2), placed_at: Time.at(1_700_000_000 + id))
+  end
+end
+
+class ApplicationController < ActionController::Base
+end
+
+class OrdersController < ApplicationController
+  # The leak: every order ever shown, with its rendered summary, kept for the process's life.
+  SEEN = {}
+
+  def show
+    order = Order.find(Integer(params[:id], 10))
+    remember(order)
+    respond_to do |format|
+      format.html { render inline: VIEW, locals: {order: order} }
+      format.json { render json: {order: order.to_h, items: order.lines.size, currency: "USD"} }
+    end
+  end
+
+  VIEW = <<~ERB
+    <h1>Order <%= order.id %> for <%= order.customer[:name] %></h1>
+    <ul><% order.lines.each do |line| %><li><%= line[:sku] %> x<%= line[:quantity] %>: <%= number_to_currency(line[:price]) %></li><% end %></ul>
+    <p>Total <%= number_to_currency(order.total) %>, placed <%= time_ago_in_words(order.placed_at) %> ago</p>
+  ERB
+
+  private
+
+  def remember(order)
+    SEEN["order-#{order.id}-#{SEEN.size}"] = {summary: "order #{order.id}: #{order.lines.map { |l| l[:sku] }.join(",")}",
+                                              customer: order.customer.dup, total: order.total}
+  end
+end
+
+class SearchController < ApplicationController
+  def index
+    terms = params.fetch(:q, "widget blue large").to_s.split
+    results = Array.new(20) { |i| {id: i, title: "#{terms.sample(random: Random.new(i)).capitalize} #{i}", score: (1.0 / (i + 1)).round(3)} }
+    render json: {query: terms, results: results.select { |r| r[:score] > 0.05 }.map(&:stringify_keys)}
+  end
+end
+
+class HealthController < ApplicationController
+  def show
+    render plain: "ok #{Process.pid}"
+  end
+end
+
+Rails.application.initialize!
