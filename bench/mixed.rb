@@ -15,7 +15,8 @@ require "erb"
 
 RUN_SECONDS = Bench.pick(0.5, 0.15)
 ROUNDS = Bench.pick(21, 2)
-EVERY = [64, 256, 1024, 4096, 16_384].freeze
+# MIXED_EVERY=128,256 measures those intervals only (and no windowed rows with MIXED_COUNTDOWN_ONLY=1).
+EVERY = ENV.fetch("MIXED_EVERY", "64,256,1024,4096,16384").split(",").map { |e| Integer(e, 10) }.freeze
 
 TEMPLATE = ERB.new(<<~ERB, trim_mode: "-")
   <h1><%= title %></h1>
@@ -61,7 +62,11 @@ N = (probe * RUN_SECONDS / t).ceil
 
 # The last: the default windowed sample_every with ten times the default windows per second (what
 # the windows themselves cost; bench/accuracy.rb ACCURACY_ONLY=windows shows what they buy).
-VARIANTS = [:base, :empty_hook, *EVERY, *EVERY.map { |e| [:windowed, e] }, [:windowed, 4096, 1000]].freeze
+VARIANTS = if ENV["MIXED_COUNTDOWN_ONLY"] == "1"
+  [:base, :empty_hook, *EVERY].freeze
+else
+  [:base, :empty_hook, *EVERY, *EVERY.map { |e| [:windowed, e] }, [:windowed, 4096, 1000]].freeze
+end
 
 def run(variant)
   rec = nil

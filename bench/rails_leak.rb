@@ -2,11 +2,12 @@
 
 # Does a profile find the leak? examples/rails_leak/app.rb (Rails 6.1, the Railtie, the endpoint)
 # served by puma (single mode, 4 threads), REQUESTS requests (orders, search, health), then the
-# endpoint's report: is the leak (OrdersController#remember) the top row, and on how many live
+# endpoint's report: is the leak (ApplicationController#remember) the top row, and on how many live
 # samples does that row rest? RUNS fresh servers per variant, variants alternating:
 #   leak_hunt  config.datadog_heap.preset = :leak_hunt
 #   defaults   the Railtie's defaults (windowed sampler, 1 in 4096, the 1% budget)
 #   1024       config.datadog_heap.sample_every = 1024 (no budget: an interval set is kept)
+#   leak_hunt_128  the preset at 1 in 128
 #
 # Run: ruby -Ilib bench/rails_leak.rb (RUNS=10 REQUESTS=2000 VARIANTS=leak_hunt,defaults; BENCH_SMOKE=1)
 require_relative "support"
@@ -20,9 +21,10 @@ SETTINGS = {
   "leak_hunt" => {enabled: true, endpoint: true, preset: "leak_hunt"},
   "defaults" => {enabled: true, endpoint: true},
   "1024" => {enabled: true, endpoint: true, sample_every: 1024},
+  "leak_hunt_128" => {enabled: true, endpoint: true, preset: "leak_hunt", sample_every: 128},
 }.freeze
 VARIANTS = ENV.fetch("VARIANTS", "leak_hunt,defaults").split(",").each { |v| SETTINGS.fetch(v) }
-LEAK = /app\.rb:\d+ in OrdersController#remember/
+LEAK = /app\.rb:\d+ in ApplicationController#remember/
 
 def free_port
   server = TCPServer.new("127.0.0.1", 0)

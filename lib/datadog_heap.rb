@@ -258,9 +258,9 @@ module DatadogHeap
 
     # What each preset costs, said once per process when a recorder with it first starts.
     PRESET_LINES = {
-      leak_hunt: "datadog_heap: preset :leak_hunt: countdown sampler at 1 in 256, no overhead budget, a full " \
+      leak_hunt: "datadog_heap: preset :leak_hunt: countdown sampler at 1 in 128, no overhead budget, a full " \
         "GC and retainer paths with every profile written for you. For staging and local runs: it costs " \
-        "about +23% CPU on an allocation-heavy workload (+16% of it the VM's allocation hook; see " \
+        "about +28% CPU on an allocation-heavy workload (+12% of it the VM's allocation hook; see " \
         "docs/samplers.md), so keep it out of production. Options given beside the preset win over it",
     }.freeze
 

@@ -84,11 +84,11 @@ RSpec.describe "settings the gem honours" do
   describe "preset: :leak_hunt" do
     it "samples densely with no budget, and options beside it win" do
       rec = DatadogHeap::Recorder.new(preset: :leak_hunt)
-      expect([rec.preset, rec.sampler, rec.sample_every, rec.max_overhead]).to eq([:leak_hunt, :countdown, 256, nil])
+      expect([rec.preset, rec.sampler, rec.sample_every, rec.max_overhead]).to eq([:leak_hunt, :countdown, 128, nil])
       expect(rec.gc_before_profile?).to be(true)
       expect(rec.retainers_by_default?).to be(true)
-      rec = DatadogHeap::Recorder.new(preset: :leak_hunt, sample_every: 128, max_overhead: 0.05)
-      expect([rec.sample_every, rec.max_overhead]).to eq([128, 0.05])
+      rec = DatadogHeap::Recorder.new(preset: :leak_hunt, sample_every: 512, max_overhead: 0.05)
+      expect([rec.sample_every, rec.max_overhead]).to eq([512, 0.05])
       expect(rec.inspect).to include("preset=:leak_hunt")
     end
 
@@ -114,7 +114,7 @@ RSpec.describe "settings the gem honours" do
         warnings.grep(/leak_hunt/)
       end
       expect(out.size).to eq(1)
-      expect(out.first).to match(/preset :leak_hunt: countdown sampler at 1 in 256, no overhead budget.*costs about \+\d+% CPU/)
+      expect(out.first).to match(/preset :leak_hunt: countdown sampler at 1 in 128, no overhead budget.*costs about \+\d+% CPU/)
     end
 
     it "is read from DATADOG_HEAP_PRESET in auto mode" do

@@ -1,8 +1,8 @@
 # frozen_string_literal: true
 
 # A small Rails 6.1 app with a leak, for bench/rails_leak.rb and spec/stress/rails_leak_spec.rb:
-# a class-level cache that every GET /orders/:id request adds to and nothing ever empties
-# (OrdersController#remember), beside ordinary request work (params, JSON, an ERB view,
+# a class-level log of recent requests that every request adds to and nothing ever trims
+# (ApplicationController#remember), beside ordinary request work (params, JSON, an ERB view,
 # ActiveSupport), which allocates far more but keeps nothing. Configured from the environment:
 #
 #   HEAP_SETTINGS  a JSON object of config.datadog_heap settings (default: {"enabled": true,
@@ -55,15 +55,22 @@ Order = Struct.new(:id, :customer, :lines, :total, :placed_at, keyword_init: tru
 end
 
 class ApplicationController < ActionController::Base
+  # The leak: every request's path, parameters and time, kept for the process's life (meant to be
+  # the last hundred, but nothing trims it).
+  RECENT = []
+
+  after_action :remember
+
+  private
+
+  def remember
+    RECENT << {path: request.path, params: params.to_unsafe_h.except(:controller, :action), at: Time.now.to_f}
+  end
 end
 
 class OrdersController < ApplicationController
-  # The leak: every order ever shown, with its rendered summary, kept for the process's life.
-  SEEN = {}
-
   def show
     order = Order.find(Integer(params[:id], 10))
-    remember(order)
     respond_to do |format|
       format.html { render inline: VIEW, locals: {order: order} }
       format.json { render json: {order: order.to_h, items: order.lines.size, currency: "USD"} }
@@ -76,12 +83,6 @@ class OrdersController < ApplicationController
     <p>Total <%= number_to_currency(order.total) %>, placed <%= time_ago_in_words(order.placed_at) %> ago</p>
   ERB
 
-  private
-
-  def remember(order)
-    SEEN["order-#{order.id}-#{SEEN.size}"] = {summary: "order #{order.id}: #{order.lines.map { |l| l[:sku] }.join(",")}",
-                                              customer: order.customer.dup, total: order.total}
-  end
 end
 
 class SearchController < ApplicationController

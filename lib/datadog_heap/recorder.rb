@@ -33,7 +33,7 @@ module DatadogHeap
   #   and a note in every profile (which `datadog-heap report` prints under its header). See
   #   docs/samplers.md, "The overhead budget".
   # - preset: a named set of the options above; options given beside it win over it. :leak_hunt
-  #   (staging and local runs, never production): the countdown sampler at 1 in 256, no budget,
+  #   (staging and local runs, never production): the countdown sampler at 1 in 128, no budget,
   #   and every profile with a full GC first and retainer paths (auto mode, the Railtie, the
   #   endpoint). PRESETS lists them.
   # - rss_limit: a profile before the OOM kill. Bytes (Integer) or nil (the default: off). While
@@ -57,7 +57,7 @@ module DatadogHeap
     # Named option sets (see the options above). What a preset does beyond these options (a full
     # GC before each profile, retainer paths) follows from Recorder#preset.
     PRESETS = {
-      leak_hunt: {sampler: :countdown, sample_every: 256, max_overhead: nil},
+      leak_hunt: {sampler: :countdown, sample_every: 128, max_overhead: nil},
     }.freeze
     RSS_OPTIONS = %i[rss_limit rss_step rss_output].freeze
     RSS_DEPENDENT_OPTIONS = %i[rss_step rss_output].freeze

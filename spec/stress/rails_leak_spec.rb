@@ -6,7 +6,7 @@ require "net/http"
 require "socket"
 
 # The leak-hunt preset finds the leak in a Rails app served by puma: examples/rails_leak/app.rb
-# (a class-level cache every order request adds to), the Railtie with preset :leak_hunt and the
+# (a class-level log every request adds to), the Railtie with preset :leak_hunt and the
 # endpoint, 2,000 requests of orders, searches and health checks, then /debug/heap?report=1. The
 # leak's site is the top row, after a full GC (the preset's), resting on many samples.
 # bench/rails_leak.rb runs it ten times a variant, beside the defaults.
@@ -45,9 +45,9 @@ RSpec.describe "the leak-hunt preset in a Rails app under puma", :stress do
     end
     report = http.get("/debug/heap?report=1&top=5").body
     rows = report.lines.grep(/\A\s*[\d.]+ (B|KiB|MiB|GiB)\s/)
-    expect(rows.first).to match(/app\.rb:\d+ in OrdersController#remember/), report
+    expect(rows.first).to match(/app\.rb:\d+ in ApplicationController#remember/), report
     expect(report).to include("a full GC ran just before this profile")
-    expect(report).to match(/sampled 1 in 256 allocations/)
+    expect(report).to match(/sampled 1 in 128 allocations/)
   ensure
     http&.finish if http&.started?
     if pid
