@@ -124,4 +124,31 @@ RSpec.describe "sampling uncertainty" do
       expect(d.bytes_change_stddev).to be_within(1e-6).of(Math.sqrt(d.old_bytes**2 * 499 / 1000.0 + d.new_bytes**2 * 499 / 1500.0))
     end
   end
+
+  describe "datadog-heap trend" do
+    it "says why nothing is growing and what to do when only few-sample sites rose" do
+      paths = [[], heavy, heavy, heavy, heavy].each_with_index.map do |objects, i|
+        sleep 0.01
+        profile_of(objects + objects_at(ProfileFixtures::BUFFER_SITE, 40, weight: 2), "heap-#{i}.pb.gz", sample_every: 4096).path
+      end
+      out, err, code = cli("trend", *paths, "--app-root", "/app")
+      expect([err, code]).to eq(["", 0])
+      expect(out).to include("0 growing")
+      expect(out).to match(/No site is growing: 1 site rose but rests on fewer than 5 samples/m)
+      expect(out).to include("take more profiles", "lower sample_every", "preset: :leak_hunt")
+      row = table_rows(out, "verdict").find { |r| r.include?("client.rb") }
+      expect(row).to match(/\Asteady .* 0 -> 1 .*1 sample/)
+    end
+
+    it "says it skipped the empty profiles at the start" do
+      paths = [[], [], heavy(6, weight: 4), heavy(12, weight: 4), heavy(18, weight: 4)].each_with_index.map do |objects, i|
+        sleep 0.01
+        profile_of(objects, "heap-#{i}.pb.gz", sample_every: 4).path
+      end
+      out, err, code = cli("trend", *paths)
+      expect([err, code]).to eq(["", 0])
+      expect(out).to include("skipped the first 2 profiles: no live samples yet")
+      expect(table_rows(out, "verdict")[0]).to match(/\Agrowing .* 6 -> 18 /)
+    end
+  end
 end
