@@ -19,6 +19,9 @@ module DatadogHeap
           p.separator "and the sampling error) and a verdict: growing, steady or shrinking. Growing sites first."
           p.separator "A site is growing when the confidence is at least #{(DatadogHeap::Trend::CONFIDENCE * 100).round(1)}% and the fitted growth over"
           p.separator "the series is at least #{(DatadogHeap::Trend::MIN_RELATIVE_GROWTH * 100).round}% of its mean: sampling noise alone reads steady."
+          p.separator "It must also rest on at least #{DatadogHeap::Trend::MIN_SAMPLES} samples in some profile and rise across at least " \
+            "#{DatadogHeap::Trend::MIN_STEPS} steps"
+          p.separator "(so 3 profiles or more); empty profiles at the start are skipped."
           p.separator "Sites, --group and --app-root are as in `datadog-heap report`."
           p.separator ""
           p.separator "Options:"
