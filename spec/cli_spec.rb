@@ -33,7 +33,7 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
     lines = out.lines.map(&:chomp)
     start = lines.index { |l| l.lstrip.start_with?(header) }
     expect(start).not_to be_nil, "no table headed #{header.inspect} in:\n#{out}"
-    lines.drop(start + 1)
+    lines.drop(start + 1).take_while { |l| !l.empty? }
   end
 
   # Lines a Ruby backtrace would print.
@@ -114,13 +114,13 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       expect([err, code]).to eq(["", 0])
       expect(out.lines.first).to match(%r{\A#{Regexp.escape(path)}: [\d.]+ KiB in 87 live objects at 3 sites, sampled 1 in 1024 allocations$})
       expect(out).to include("Top 3 of 3 sites by live bytes:")
-      expect(out).to match(/^live bytes  live objects  share  class +median age  site +called from$/)
+      expect(out).to match(/^live bytes +± +live objects  samples  share  class +median age  site +called from$/)
       table = rows(out, "live bytes")
       expect(table.size).to eq(3)
-      expect(table[0]).to match(%r{\A\s*39\.\d KiB\s+4\s+\d\d\.\d%\s+String\s+\d+\s+/app/leaky_cache\.rb:17 in LeakyCache#remember\z})
+      expect(table[0]).to match(%r{\A\s*39\.\d KiB\s+±0 B\s+4\s+4\s+\d\d\.\d%\s+String\s+\d+\s+/app/leaky_cache\.rb:17 in LeakyCache#remember\z})
       # The json site is in the standard library: the app frame that called it is the second column.
-      expect(table[1]).to match(%r{\A\s*[\d.]+ KiB\s+3\s+\d+\.\d%\s+String\s+\d+\s+/usr/lib/ruby/3\.1\.0/json/common\.rb:216 in JSON::Ext::Parser#parse\s+/app/api\.rb:9 in Api#decode\z})
-      expect(table[2]).to match(%r{\A\s*3\.1 KiB\s+80\s+\d+\.\d%\s+Buffer::Chunk\s+\d+\s+/app/buffer\.rb:8 in Buffer#push\z})
+      expect(table[1]).to match(%r{\A\s*[\d.]+ KiB\s+±0 B\s+3\s+3\s+\d+\.\d%\s+String\s+\d+\s+/usr/lib/ruby/3\.1\.0/json/common\.rb:216 in JSON::Ext::Parser#parse\s+/app/api\.rb:9 in Api#decode\z})
+      expect(table[2]).to match(%r{\A\s*3\.1 KiB\s+±358 B\s+80\s+40\s+\d+\.\d%\s+Buffer::Chunk\s+\d+\s+/app/buffer\.rb:8 in Buffer#push\z})
 
       # The default app root is the current directory, which holds none of these files: no
       # called-from column at all.
@@ -137,7 +137,7 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       expect(out).to include("Top 1 of 3 sites by live objects:")
       table = rows(out, "live bytes")
       expect(table.size).to eq(1)
-      expect(table[0]).to match(%r{\A\s*3\.1 KiB\s+80\s+92\.0%\s+Buffer::Chunk\s+\d+\s+/app/buffer\.rb:8 in Buffer#push\z})
+      expect(table[0]).to match(%r{\A\s*3\.1 KiB\s+±358 B\s+80\s+40\s+92\.0%\s+Buffer::Chunk\s+\d+\s+/app/buffer\.rb:8 in Buffer#push\z})
     end
 
     it "groups by location, file, gem or class with --group, and back by site with --by-site" do
@@ -148,12 +148,12 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       group = lambda do |*args|
         out, err, code = cli_in_process("report", path, "--app-root", "/app", *args)
         expect([err, code]).to eq(["", 0])
-        [out, rows(out, "live bytes").map { |row| row.strip.split(/\s{2,}/).drop(1) }]
+        [out, rows(out, "live bytes").map { |row| row.strip.split(/\s{2,}/).drop(2) }]
       end
 
       out, table = group.call("--group", "file")
       expect(out).to include("at 4 files", "Top 4 of 4 files by live bytes:")
-      expect(out).to match(/^live bytes  live objects  share  median age  file$/)
+      expect(out).to match(/^live bytes +± +live objects  samples  share  median age  file$/)
       expect(table.map(&:last)).to eq(["/app/leaky_cache.rb", "/usr/lib/ruby/3.1.0/json/common.rb", "/app/buffer.rb",
         "/srv/vendor/bundle/ruby/3.1.0/gems/rack-3.0.8/lib/rack/utils.rb"])
       expect(table.map(&:first)).to eq(%w[5 3 80 2]) # live objects
@@ -173,7 +173,7 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
 
       out, table = group.call("--group", "gem", "--by-site")
       expect(out).to include("at 5 sites")
-      expect(table.first[2]).to eq("String")
+      expect(table.first[3]).to eq("String")
     end
 
     it "sums several profiles, saying how many" do
@@ -184,8 +184,8 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       expect([err, code]).to eq(["", 0])
       expect(out.lines.first).to match(/\A3 profiles summed \(#{Regexp.escape(one)}, #{Regexp.escape(two)}, #{Regexp.escape(three)}\): [\d.]+ KiB in 92 live objects at 3 sites, sampled 1 in 1024 allocations$/)
       table = rows(out, "live bytes")
-      expect(table[0]).to match(%r{\A\s*58\.\d KiB\s+6\s.*String\s+\d+\s+/app/leaky_cache\.rb:17 in LeakyCache#remember\z})
-      expect(table[2]).to match(%r{\A\s*[\d.]+ KiB\s+83\s.*Buffer::Chunk})
+      expect(table[0]).to match(%r{\A\s*58\.\d KiB\s+±0 B\s+6\s.*String\s+\d+\s+/app/leaky_cache\.rb:17 in LeakyCache#remember\z})
+      expect(table[2]).to match(%r{\A\s*[\d.]+ KiB\s+±[\d.]+ B\s+83\s.*Buffer::Chunk})
 
       four = profile_file("four.pb.gz", strings_at(ProfileFixtures::CACHE_SITE, 1))
       out, = cli_in_process("report", one, two, three, four)
@@ -205,7 +205,7 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       expect([err, code]).to eq(["", 0])
       expect(out).to include("87 live objects at 3 sites", "(this profile has no sizes: sites are ranked by live objects)",
         "sites by live objects:")
-      expect(rows(out, "live bytes")[0]).to match(%r{\A\s*-\s+80\s+92\.0%\s+Buffer::Chunk\s+\d+\s+/app/buffer\.rb:8 in Buffer#push\z})
+      expect(rows(out, "live bytes")[0]).to match(%r{\A\s*-\s+±9\s+80\s+40\s+92\.0%\s+Buffer::Chunk\s+\d+\s+/app/buffer\.rb:8 in Buffer#push\z})
     end
 
     it "says when a profile holds nothing" do
@@ -244,15 +244,15 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       out, err, code = cli("diff", old_path, new_path)
       expect([err, code]).to eq(["", 0])
       expect(out.lines.first).to match(/\A#{Regexp.escape(old_path)} -> #{Regexp.escape(new_path)}: live bytes [\d.]+ KiB -> [\d.]+ KiB \(\+[\d.]+ KiB\)$/)
-      expect(out).to include("2 of 4 sites grew:")
+      expect(out).to include("2 of 4 sites grew, 2 beyond their noise (|growth| > 2 sd):")
       table = rows(out, "growth")
       expect(table.size).to eq(2) # the json site did not change, the buffer site vanished
-      expect(table[0]).to match(%r{\A\+117\.\d KiB\s+\+300\.0%\s+39\.\d KiB\s+156\.\d KiB\s+\+12\s+String\s+/app/leaky_cache\.rb:17 in LeakyCache#remember\z})
-      expect(table[1]).to match(%r{\A\s*\+2\.\d KiB\s+new\s+0 B\s+2\.\d KiB\s+\+2\s+String\s+/app/fresh\.rb:1 in Fresh#site\z})
+      expect(table[0]).to match(%r{\A\+117\.\d KiB\s+±0 B\s+\+300\.0%\s+39\.\d KiB\s+156\.\d KiB\s+\+12\s+4 -> 16\s+yes\s+String\s+/app/leaky_cache\.rb:17 in LeakyCache#remember\z})
+      expect(table[1]).to match(%r{\A\s*\+2\.\d KiB\s+±0 B\s+new\s+0 B\s+2\.\d KiB\s+\+2\s+0 -> 2\s+yes\s+String\s+/app/fresh\.rb:1 in Fresh#site\z})
 
       out, err, code = cli_in_process("diff", old_path, new_path, "--top", "1")
       expect([err, code]).to eq(["", 0])
-      expect(out).to include("2 of 4 sites grew; the 1 largest growth:")
+      expect(out).to include("2 of 4 sites grew, 2 beyond their noise (|growth| > 2 sd); the 1 largest growth:")
       expect(rows(out, "growth").size).to eq(1)
     end
 
@@ -268,8 +268,8 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       out, err, code = cli_in_process("diff", old_path, new_path)
       expect([err, code]).to eq(["", 0])
       expect(out).to include("live objects 87 -> 92 (+5)", "(a profile has no sizes: sites are compared by live objects)",
-        "1 of 3 sites grew:")
-      expect(rows(out, "growth")[0]).to match(%r{\A\s*\+5\s+\+6\.[23]%\s+80\s+85\s+Buffer::Chunk\s+/app/buffer\.rb:8 in Buffer#push\z})
+        "1 of 3 sites grew, 0 beyond its noise (|growth| > 2 sd):")
+      expect(rows(out, "growth")[0]).to match(%r{\A\s*\+5\s+±13\s+\+6\.[23]%\s+80\s+85\s+40 -> 45\s+no\s+Buffer::Chunk\s+/app/buffer\.rb:8 in Buffer#push\z})
     end
 
     it "sums the profiles before -- into OLD and the ones after it into NEW" do
@@ -282,15 +282,15 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       expect([err, code]).to eq(["", 0])
       expect(out.lines.first).to start_with("2 profiles summed (#{worker1}, #{worker2}) -> " \
         "2 profiles summed (#{worker1_new}, #{worker2_new}): live bytes ")
-      expect(out).to include("2 of 2 sites grew:")
+      expect(out).to include("2 of 2 sites grew, 2 beyond their noise (|growth| > 2 sd):")
       table = rows(out, "growth")
-      expect(table[0]).to match(%r{\A\s*\+[\d.]+ KiB\s+\+13[23]\.\d%\s+[\d.]+ KiB\s+[\d.]+ KiB\s+\+4\s+String\s+/app/leaky_cache\.rb:17 in LeakyCache#remember\z})
-      expect(table[1]).to match(%r{\A\s*\+[\d.]+ KiB\s+new\s+0 B\s+[\d.]+ KiB\s+\+2\s+String\s+/usr/lib/ruby/3\.1\.0/json/common\.rb:216 in JSON::Ext::Parser#parse\s+/app/api\.rb:9 in Api#decode\z})
+      expect(table[0]).to match(%r{\A\s*\+[\d.]+ KiB\s+±0 B\s+\+13[23]\.\d%\s+[\d.]+ KiB\s+[\d.]+ KiB\s+\+4\s+3 -> 7\s+yes\s+String\s+/app/leaky_cache\.rb:17 in LeakyCache#remember\z})
+      expect(table[1]).to match(%r{\A\s*\+[\d.]+ KiB\s+±0 B\s+new\s+0 B\s+[\d.]+ KiB\s+\+2\s+0 -> 2\s+yes\s+String\s+/usr/lib/ruby/3\.1\.0/json/common\.rb:216 in JSON::Ext::Parser#parse\s+/app/api\.rb:9 in Api#decode\z})
 
       out, err, code = cli_in_process("diff", worker1, "--", worker1_new, worker2_new, "--group", "gem")
       expect([err, code]).to eq(["", 0])
       expect(out.lines.first).to start_with("#{worker1} -> 2 profiles summed")
-      expect(out).to include("2 of 2 gems grew:")
+      expect(out).to include("2 of 2 gems grew, 2 beyond their noise (|growth| > 2 sd):")
       expect(rows(out, "growth").map { |row| row.split(/\s{2,}/).last }).to eq(["(other)", "json (stdlib)"])
     end
 
@@ -359,8 +359,8 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       # sampled about 1 run in 64, and then stands for 64 Arrays as big as itself (8 bytes per kept
       # string, 64 times over: more than the strings). Only that one sampled Array may come first.
       # The script is under the current directory, the default app root: no called-from.
-      leak_row = /\A\s*[\d.]+ [KM]iB\s+\d+\s+\d+\.\d%\s+String\s+\d+\s+#{Regexp.escape(script)}:#{leak_line} in LeakyCache#remember via String#\*\z/
-      cache_row = /\A\s*[\d.]+ [KM]iB\s+64\s+\d+\.\d%\s+Array\s+\d+\s+#{Regexp.escape(script)}:#{cache_line} in initialize\z/
+      leak_row = /\A\s*[\d.]+ [KM]iB\s+±[\d.]+ (?:[KM]i)?B\s+\d+\s+\d+\s+\d+\.\d%\s+String\s+\d+\s+#{Regexp.escape(script)}:#{leak_line} in LeakyCache#remember via String#\*\z/
+      cache_row = /\A\s*~[\d.]+ [KM]iB\s+±[\d.]+ [KM]iB\s+64\s+1\s+\d+\.\d%\s+Array\s+\d+\s+#{Regexp.escape(script)}:#{cache_line} in initialize\z/
       leak_at = table.index { |row| row.match?(leak_row) }
       expect(leak_at).not_to be_nil, "the leak #{script}:#{leak_line} is not among the top sites:\n#{out}"
       expect(table.first(leak_at)).to all(match(cache_row)), "only the cache's Array may outrank the leak:\n#{out}"

@@ -94,6 +94,12 @@ RSpec.describe DatadogHeap::Middleware do
     end
   end
 
+  it "shows samples and ± per row in the text report" do
+    record_some
+    _, _, body = request(described_class.new(app, recorder: recorder), query: "report=1")
+    expect(body).to match(/^ *live bytes +± +live objects +samples +share/)
+  end
+
   it "serves IPv6 and IPv4-mapped loopback clients" do
     middleware = described_class.new(app, recorder: recorder)
     %w[::1 ::ffff:127.0.0.1 127.1.2.3].each do |remote|

@@ -34,7 +34,7 @@ RSpec.describe DatadogHeap::Profile do
     end
     got = profile.samples.to_h { |s| [[s.locations, s.class_name, s.gen_age], [s.objects, s.bytes]] }
     expect(got).to eq(expected)
-    expect(profile.samples.map(&:values)).to eq(profile.samples.map { |s| [s.objects, s.bytes] })
+    expect(profile.samples.map { |s| s.values.first(2) }).to eq(profile.samples.map { |s| [s.objects, s.bytes] })
     expect(live.map(&:weight).sum).to eq(4 + 80 + 3)
     expect(profile.total_objects).to eq(87)
     expect(profile.total_bytes).to eq(live.sum { |o| o.weight * o.size })
@@ -44,18 +44,20 @@ RSpec.describe DatadogHeap::Profile do
 
   it "names its sample types and period" do
     profile = described_class.parse(@rec.profile)
-    expect(profile.sample_types).to eq([%w[heap-live-samples count], %w[heap-live-size bytes]])
+    expect(profile.sample_types).to eq([%w[heap-live-samples count], %w[heap-live-size bytes], %w[heap-live-records count],
+      %w[heap-live-samples-variance count^2], %w[heap-live-size-variance bytes^2]])
     expect(profile.period_type).to eq(%w[allocations count])
     expect(profile.period).to eq(1024)
     expect(profile.sizes?).to be(true)
     expect(profile.path).to be_nil
-    expect(profile.inspect).to include("samples=3", "heap-live-samples/count,heap-live-size/bytes")
+    expect(profile.inspect).to include("samples=3", "heap-live-samples/count,heap-live-size/bytes,heap-live-records/count")
   end
 
   it "has no size type when the recorder does not measure sizes, and ranks by count then" do
     keep = mixed_objects
     profile = described_class.parse(recorder_with(keep, size_enabled: false).profile)
-    expect(profile.sample_types).to eq([%w[heap-live-samples count]])
+    expect(profile.sample_types).to eq([%w[heap-live-samples count], %w[heap-live-records count],
+      %w[heap-live-samples-variance count^2]])
     expect(profile.sizes?).to be(false)
     expect(profile.total_bytes).to be_nil
     expect(profile.samples.map(&:bytes)).to all(be_nil)
@@ -176,7 +178,7 @@ RSpec.describe DatadogHeap::Profile do
       sizeless = described_class.parse(recorder_with(keep, size_enabled: false).profile)
       mixed = described_class.merge([a, sizeless])
       expect(mixed).to have_attributes(sizes?: false, total_bytes: nil, total_objects: 89, paths: [a.path], count: 2,
-        sample_types: [%w[heap-live-samples count]])
+        sample_types: [%w[heap-live-samples count], %w[heap-live-records count], %w[heap-live-samples-variance count^2]])
     end
   end
 
@@ -188,7 +190,8 @@ RSpec.describe DatadogHeap::Profile do
     ours = described_class.parse(@rec.profile)
     expect { described_class.merge([ours, go]) }.to raise_error(DatadogHeap::Error,
       "cannot sum 2 profiles: pprof: go.pb (profile 2 of 2) has no sample type in common with the ones before it " \
-      "(it has inuse_space/bytes; the first has heap-live-samples/count, heap-live-size/bytes)")
+      "(it has inuse_space/bytes; the first has heap-live-samples/count, heap-live-size/bytes, heap-live-records/count, " \
+      "heap-live-samples-variance/count^2, heap-live-size-variance/bytes^2)")
   end
 
   describe "errors" do

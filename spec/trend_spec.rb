@@ -37,11 +37,26 @@ module TrendSimulation
   def verdicts(rng, series:, points:, objects:, growth:, period: 1024, size: 80)
     times = Array.new(points) { |i| i * 60.0 }
     Array.new(series) do
-      bytes = times.each_index.map do |i|
+      samples = times.each_index.map do |i|
         live = objects * (1 + growth * i / (points - 1).to_f)
-        poisson(rng, live / period) * period * size
+        poisson(rng, live / period)
       end
-      DatadogHeap::Trend.fit(times, bytes, period: period, mean_size: size).verdict
+      bytes = samples.map { |k| k * period * size }
+      DatadogHeap::Trend.fit(times, bytes, period: period, mean_size: size, samples: samples).verdict
+    end
+  end
+
+  # The verdicts of `series` series of `points` profiles one minute apart where one heavy sample
+  # (weight drawn around `period`, up to 16 times it, as thinning makes them) appears at a random
+  # profile and stays: a step from 0 that then stays flat. Sample counts are given to the fit.
+  def step_verdicts(rng, series:, points:, period: 4096, size: 3400)
+    times = Array.new(points) { |i| i * 60.0 }
+    Array.new(series) do
+      weight = (period * (0.5 + 15.5 * rng.rand)).round
+      from = 1 + rng.rand(points - 1)
+      samples = times.each_index.map { |i| i >= from ? 1 : 0 }
+      bytes = samples.map { |k| k * weight * size }
+      DatadogHeap::Trend.fit(times, bytes, period: period, mean_size: size, samples: samples).verdict
     end
   end
 
@@ -98,6 +113,38 @@ RSpec.describe DatadogHeap::Trend do
     end
   end
 
+  describe "on one heavy sample that steps in from 0 and stays" do
+    [3, 5, 10, 30].each do |points|
+      it "never reads growing over #{points} profiles" do
+        rng = Random.new(points * 13)
+        verdicts = TrendSimulation.step_verdicts(rng, series: series, points: points)
+        expect(verdicts.uniq).to eq([:steady])
+      end
+    end
+
+    it "is steady even when the sample weighs more than the period says and no counts are given" do
+      times = Array.new(10) { |i| i * 60.0 }
+      bytes = [0] * 3 + [14_824 * 3400] * 7
+      fit = described_class.fit(times, bytes, period: 4096, mean_size: 3400)
+      expect(fit.verdict).to eq(:steady)
+      expect(fit.note).to match(/samples/)
+    end
+  end
+
+  it "never calls growing a site at 0 at both ends, or one that rose in a single step" do
+    # Freed at the last profile after rising through the others: a fit alone reads it growing.
+    rise = [0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0]
+    hump = described_class.fit(Array.new(11) { |i| i * 60.0 }, rise.map { |k| k * 400_000 }, period: 4, mean_size: 100,
+      samples: rise.map { |k| k * 1000 })
+    expect(hump.verdict).to eq(:steady)
+    expect(hump.note).to match(/0 at both ends/)
+    times = Array.new(6) { |i| i * 60.0 }
+    step = described_class.fit(times, [0, 0, 0, 1_000_000, 1_000_000, 1_000_000], period: 4, mean_size: 100,
+      samples: [0, 0, 0, 2500, 2500, 2500])
+    expect(step.verdict).to eq(:steady)
+    expect(step.note).to match(/rose in 1 step/)
+  end
+
   it "without sampling (period 1) follows the points exactly" do
     fit = described_class.fit([0, 60, 120], [1000, 2000, 3000], period: 1, mean_size: 10)
     expect(fit.slope).to be_within(1e-9).of(1000 / 60.0)
@@ -148,6 +195,40 @@ RSpec.describe "DatadogHeap::Profile.trend", :stressed do
       expect(steady.label).to include("Buffer#push")
       expect(steady.objects).to eq([200, 200, 200])
       expect(steady.slope).to be_within(1e-6).of(0)
+    end
+  end
+
+  # `idle` empty profiles (an app that has not allocated yet), then 5 profiles in which the cache
+  # site grows by 40 samples each time while one Hash sample weighing 14824 appears in the second
+  # and stays.
+  def series_with_step(dir, idle: 0)
+    keep = []
+    heavy = [{}, [["Client#read", "/gems/puma-6.4.0/lib/puma/client.rb", 152]], 14_824, "Hash"]
+    profiles = (1..idle).map do |i|
+      sleep 0.01
+      DatadogHeap::Profile.load(recorder_with([], sample_every: 4).write_profile(File.join(dir, "idle-#{i}.pb.gz")))
+    end
+    profiles + (1..5).map do |i|
+      keep.concat(strings_at(ProfileFixtures::CACHE_SITE, 40, weight: 4))
+      objects = keep + (i >= 2 ? [heavy] : [])
+      sleep 0.01
+      DatadogHeap::Profile.load(recorder_with(objects, sample_every: 4096).write_profile(File.join(dir, "heap-#{i}.pb.gz")))
+    end
+  end
+
+  it "does not call one heavy sample that stepped in growing, and skips empty profiles at the start" do
+    Dir.mktmpdir do |dir|
+      plain = DatadogHeap::Profile.trend(series_with_step(dir), app_root: "/app")
+      Dir.mktmpdir do |dir2|
+        idle = DatadogHeap::Profile.trend(series_with_step(dir2, idle: 3), app_root: "/app")
+        expect(idle.map { |t| [t.label, t.verdict, t.samples] }).to eq(plain.map { |t| [t.label, t.verdict, t.samples] })
+        expect(idle.first.times.size).to eq(5)
+      end
+      grow, step = plain
+      expect(grow).to have_attributes(verdict: :growing, samples: [40, 80, 120, 160, 200])
+      expect(grow.label).to include("LeakyCache#remember")
+      expect(step).to have_attributes(verdict: :steady, class_name: "Hash", samples: [0, 1, 1, 1, 1])
+      expect(step.note).to match(/1 sample/)
     end
   end
 

@@ -229,18 +229,46 @@ module DatadogHeap
       @out.puts
       callers = kind == :site && shown.any?(&:called_from)
       rows = shown.map do |s|
-        row = [profile.sizes? ? human_bytes(s.live_bytes) : "-", s.live_objects.to_s, percent(s.share)]
+        rough = s.rough? ? "~" : ""
+        row = if profile.sizes?
+          ["#{rough}#{human_bytes(s.live_bytes)}", spread(s.bytes_stddev) { |sd| human_bytes(sd.round) }, s.live_objects.to_s]
+        else
+          ["-", spread(s.objects_stddev) { |sd| sd.round.to_s }, "#{rough}#{s.live_objects}"]
+        end
+        row += [s.samples&.to_s || "n/a", percent(s.share)]
         row << (s.class_name || "?") if kind == :site
         row += [s.median_gen_age&.to_s || "-", s.label]
         row << (s.called_from || "") if callers
         row
       end
-      headers = ["live bytes", "live objects", "share"]
+      headers = ["live bytes", "±", "live objects", "samples", "share"]
       headers << "class" if kind == :site
       headers += ["median age", noun]
       headers << "called from" if callers
-      @out.puts(table(headers, rows, "rrr#{"l" if kind == :site}rll"))
+      @out.puts(table(headers, rows, "rrrrr#{"l" if kind == :site}rll"))
+      @out.puts
+      uncertainty_notes(profile, shown)
       why_section(profile, options) if options[:why]
+    end
+
+    # "±1.2 MiB" (the block formats the standard deviation), or "n/a" when it is unknown.
+    def spread(stddev)
+      stddev.nil? ? "n/a" : "±#{yield stddev}"
+    end
+
+    # What ± and ~ mean, under a report's table.
+    def uncertainty_notes(profile, shown)
+      unless profile.uncertainty?
+        @out.puts("(this profile does not say how many samples each row rests on: it was written by an older " \
+          "datadog_heap or another profiler, so ± and samples are n/a)")
+        return
+      end
+      @out.puts("samples: live objects recorded, each standing for its weight of allocations; " \
+        "± is one standard deviation of the sampling error.")
+      return unless shown.any?(&:rough?)
+
+      @out.puts("~ rough: fewer than #{Profile::ROUGH_SAMPLES} samples: the estimate may be off by as much as itself " \
+        "(take more profiles or lower sample_every for more samples).")
     end
 
     def plural_noun(noun)
@@ -335,26 +363,50 @@ module DatadogHeap
       end
       shown = growing.first(top)
       largest = shown.size < growing.size ? "; the #{shown.size} largest growth#{"s" unless shown.size == 1}" : ""
-      @out.puts("#{growing.size} of #{plural(diffs.size, noun)} grew#{largest}:")
+      known = growing.reject { |d| d.significant.nil? }
+      beyond = known.empty? ? "" : ", #{known.count(&:significant)} beyond #{growing.size == 1 ? "its" : "their"} noise " \
+        "(|growth| > #{Profile::SIGNIFICANT_SDS.to_i} sd)"
+      @out.puts("#{growing.size} of #{plural(diffs.size, noun)} grew#{beyond}#{largest}:")
       @out.puts
       callers = kind == :site && shown.any?(&:called_from)
       rows = shown.map do |d|
         row = if sizes
-          [signed_bytes(d.bytes_change), relative(d.bytes_relative), human_bytes(d.old_bytes), human_bytes(d.new_bytes),
-            signed(d.objects_change)]
+          [signed_bytes(d.bytes_change), spread(d.bytes_change_stddev) { |sd| human_bytes(sd.round) },
+            relative(d.bytes_relative), human_bytes(d.old_bytes), human_bytes(d.new_bytes), signed(d.objects_change)]
         else
-          [signed(d.objects_change), relative(d.objects_relative), d.old_objects.to_s, d.new_objects.to_s]
+          [signed(d.objects_change), spread(d.objects_change_stddev) { |sd| sd.round.to_s },
+            relative(d.objects_relative), d.old_objects.to_s, d.new_objects.to_s]
         end
+        row += [samples_change(d), significance(d.significant)]
         row << (d.class_name || "?") if kind == :site
         row << d.label
         row << (d.called_from || "") if callers
         row
       end
-      headers = sizes ? ["growth", "relative", "old bytes", "new bytes", "objects +/-"] : ["growth", "relative", "old objects", "new objects"]
+      headers = sizes ? ["growth", "±", "relative", "old bytes", "new bytes", "objects +/-"] : ["growth", "±", "relative", "old objects", "new objects"]
+      headers += ["samples", "significant"]
       headers << "class" if kind == :site
       headers << noun
       headers << "called from" if callers
-      @out.puts(table(headers, rows, "#{"r" * (sizes ? 5 : 4)}#{"l" if kind == :site}ll"))
+      @out.puts(table(headers, rows, "#{"r" * (sizes ? 7 : 6)}l#{"l" if kind == :site}ll"))
+      @out.puts
+      if known.empty?
+        @out.puts("(a profile does not say how many samples its rows rest on: ± and significance are n/a)")
+      else
+        @out.puts("± is one standard deviation of the change's sampling error; significant: the growth exceeds " \
+          "#{Profile::SIGNIFICANT_SDS.to_i} of them. ~ marks a side resting on fewer than #{Profile::ROUGH_SAMPLES} samples.")
+      end
+    end
+
+    # "old -> new" sample counts, "~" before a side with fewer than ROUGH_SAMPLES; "n/a" if unknown.
+    def samples_change(diff)
+      sampled = diff.bytes_change_stddev.to_f > 0 || diff.objects_change_stddev.to_f > 0
+      side = ->(n) { n.nil? ? "n/a" : "#{"~" if sampled && n < Profile::ROUGH_SAMPLES && n > 0}#{n}" }
+      "#{side.call(diff.old_samples)} -> #{side.call(diff.new_samples)}"
+    end
+
+    def significance(flag)
+      flag.nil? ? "n/a" : (flag ? "yes" : "no")
     end
 
     # --- run ---------------------------------------------------------------------------------

@@ -35,15 +35,29 @@ module DatadogHeap
     # `class_name` is nil in groups other than :site and :class. `stacks` counts the distinct stacks
     # summed; `share` is its fraction (0.0..1.0) of the profile's total by the sort key;
     # `median_gen_age` is the median number of GCs its objects survived (nil if unknown).
+    # `samples` counts the live objects recorded that the estimates rest on, `objects_stddev` and
+    # `bytes_stddev` are one standard deviation of their sampling error (a sample of weight w adds
+    # w(w-1) to the variance of live_objects, w(w-1)·size² to that of live_bytes); all three are
+    # nil for a profile that does not carry them (see #uncertainty?).
     Site = Struct.new(:locations, :class_name, :location, :live_bytes, :live_objects, :share, :median_gen_age,
-      :label, :function, :callee, :called_from, :library, :stacks)
+      :label, :function, :callee, :called_from, :library, :stacks, :samples, :objects_stddev, :bytes_stddev) do
+      # Whether the estimates rest on fewer than ROUGH_SAMPLES sampled objects: one sample of
+      # weight 14824 says "about 14824 objects, give or take as many". Rows of objects recorded
+      # with weight 1 (exact) and rows of profiles without counts are not rough.
+      def rough?
+        !samples.nil? && samples < ROUGH_SAMPLES && objects_stddev.to_f > 0
+      end
+    end
 
     # A site (or group) in two profiles, with the fields of Site that describe it. `*_change` is
     # new - old; `*_relative` is change / old, nil when old is 0 (a new site, or a profile without
-    # sizes).
+    # sizes). `old_samples` and `new_samples` are Site#samples on each side; `*_change_stddev` one
+    # standard deviation of each change's sampling error (both sides' variances summed);
+    # `significant` whether the change (in bytes, in objects when a profile has no sizes) exceeds
+    # SIGNIFICANT_SDS of them. Those are nil when a profile does not carry its variances.
     SiteDiff = Struct.new(:locations, :class_name, :location, :old_bytes, :new_bytes, :old_objects, :new_objects,
       :bytes_change, :objects_change, :bytes_relative, :objects_relative, :label, :function, :callee, :called_from,
-      :library)
+      :library, :old_samples, :new_samples, :bytes_change_stddev, :objects_change_stddev, :significant)
 
     # A site (or group) over a series of profiles (Profile.trend), with the fields of Site that
     # describe it. `times` are seconds since the first profile's end, `bytes` and `objects` the
@@ -52,9 +66,19 @@ module DatadogHeap
     # objects) per minute, `stderr` its standard error, `confidence` (0.5..1.0) that its sign is
     # right, `relative` the fitted change over the series / the mean level, `verdict` :growing,
     # :steady or :shrinking (see DatadogHeap::Trend), `unit` :bytes or :objects, `intercept` the
-    # fitted line's value at the first profile.
+    # fitted line's value at the first profile. `samples` are the site's sampled objects in each
+    # profile (estimated from its objects and the period for profiles that do not say); `reason`
+    # (a Symbol) and `note` (its text) say why a fit that rose or fell reads :steady (few samples,
+    # a single step, back where it started), or are nil. Empty profiles before the first with live
+    # objects are left out of the series.
     SiteTrend = Struct.new(:locations, :class_name, :location, :label, :function, :callee, :called_from, :library,
-      :times, :bytes, :objects, :stddevs, :slope, :stderr, :confidence, :relative, :verdict, :unit, :intercept)
+      :times, :bytes, :objects, :stddevs, :slope, :stderr, :confidence, :relative, :verdict, :unit, :intercept,
+      :samples, :reason, :note)
+
+    # A row resting on fewer sampled objects than this is rough (Site#rough?).
+    ROUGH_SAMPLES = 5
+    # A change is significant when it exceeds this many standard deviations of its noise.
+    SIGNIFICANT_SDS = 2.0
 
     SORT_KEYS = %i[size count].freeze
     TREND_KEYWORDS = {group: true, app_root: true}.freeze
@@ -209,6 +233,13 @@ module DatadogHeap
     # Whether the profile measures live bytes (false when the recorder had size_enabled: false).
     def sizes?
       !info[:bytes_index].nil?
+    end
+
+    # Whether each sample says how many live objects were recorded for it and the variance of its
+    # estimates (the heap-live-records and *-variance sample types): true for the profiles
+    # Recorder#profile writes, false for older ones, uploads and other profilers' profiles.
+    def uncertainty?
+      info[:uncertainty] == true
     end
 
     # The profile's comments: ours say when max_tracked_objects bounded the recorder (estimates

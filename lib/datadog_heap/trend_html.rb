@@ -67,7 +67,8 @@ module DatadogHeap
         <div class="card">
         <h2>#{h(trend.label)}#{trend.class_name ? " <span class=\"meta\">(#{h(trend.class_name)})</span>" : ""}</h2>
         <p class="meta"><span class="verdict" style="background:#{color}">#{trend.verdict}</span>
-        #{h(slope)}, confidence #{format("%.1f%%", trend.confidence * 100)}</p>
+        #{h(slope)}, confidence #{format("%.1f%%", trend.confidence * 100)},
+        samples #{h("#{trend.samples.first} → #{trend.samples.last}")}#{trend.note ? " (#{h(trend.note)})" : ""}</p>
         #{chart(trend, color)}
         </div>
       HTML

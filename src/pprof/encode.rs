@@ -21,8 +21,10 @@ use crate::stack::{Frame, Stack};
 use crate::strings::StringId;
 
 use super::{
-    CLASS_LABEL, GEN_AGE_LABEL, LIVE_SAMPLES_TYPE, LIVE_SAMPLES_UNIT, LIVE_SIZE_TYPE,
-    LIVE_SIZE_UNIT, PERIOD_TYPE, PERIOD_UNIT, RETAINED_BY_LABEL,
+    CLASS_LABEL, GEN_AGE_LABEL, LIVE_RECORDS_TYPE, LIVE_RECORDS_UNIT, LIVE_SAMPLES_TYPE,
+    LIVE_SAMPLES_UNIT, LIVE_SAMPLES_VARIANCE_TYPE, LIVE_SAMPLES_VARIANCE_UNIT, LIVE_SIZE_TYPE,
+    LIVE_SIZE_UNIT, LIVE_SIZE_VARIANCE_TYPE, LIVE_SIZE_VARIANCE_UNIT, PERIOD_TYPE, PERIOD_UNIT,
+    RETAINED_BY_LABEL,
 };
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
@@ -41,6 +43,9 @@ pub struct EncodeOptions {
     pub start: Option<SystemTime>,
     /// When it ended; `None` means now.
     pub end: Option<SystemTime>,
+    /// Whether to add the sample types that say how far each estimate can be trusted (records
+    /// and variances, see [`crate::pprof`]). Off for uploads: a backend reads only the first two.
+    pub uncertainty: bool,
 }
 
 impl Default for EncodeOptions {
@@ -49,6 +54,7 @@ impl Default for EncodeOptions {
             sample_every: 1,
             start: None,
             end: None,
+            uncertainty: true,
         }
     }
 }
@@ -125,6 +131,11 @@ struct Aggregate {
     retained: Option<usize>,
     objects: i64,
     bytes: i64,
+    /// Live objects recorded (each standing for its weight of them).
+    records: i64,
+    /// Sum over them of `w(w-1)`, and of `w(w-1)·size²` (see [`variance_terms`]).
+    objects_variance: i64,
+    bytes_variance: i64,
 }
 
 fn build_profile(
@@ -162,6 +173,9 @@ fn build_profile(
                 retained,
                 objects: 0,
                 bytes: 0,
+                records: 0,
+                objects_variance: 0,
+                bytes_variance: 0,
             });
             aggregates.len() - 1
         });
@@ -170,6 +184,11 @@ fn build_profile(
             let size = i64::try_from(data.size).unwrap_or(i64::MAX);
             aggregate.objects = aggregate.objects.saturating_add(weight);
             aggregate.bytes = aggregate.bytes.saturating_add(weight.saturating_mul(size));
+            aggregate.records = aggregate.records.saturating_add(1);
+            let (objects_variance, bytes_variance) = variance_terms(data.weight, data.size);
+            aggregate.objects_variance =
+                aggregate.objects_variance.saturating_add(objects_variance);
+            aggregate.bytes_variance = aggregate.bytes_variance.saturating_add(bytes_variance);
         }
         true
     });
@@ -198,6 +217,27 @@ fn build_profile(
     )];
     if snapshot.size_enabled() {
         sample_types.push(value_type(&mut strings, LIVE_SIZE_TYPE, LIVE_SIZE_UNIT));
+    }
+    // Tools show the default type first (go tool pprof would otherwise pick the last one).
+    let default_sample_type = sample_types.last().map_or(0, |t| t.r#type);
+    if options.uncertainty {
+        sample_types.push(value_type(
+            &mut strings,
+            LIVE_RECORDS_TYPE,
+            LIVE_RECORDS_UNIT,
+        ));
+        sample_types.push(value_type(
+            &mut strings,
+            LIVE_SAMPLES_VARIANCE_TYPE,
+            LIVE_SAMPLES_VARIANCE_UNIT,
+        ));
+        if snapshot.size_enabled() {
+            sample_types.push(value_type(
+                &mut strings,
+                LIVE_SIZE_VARIANCE_TYPE,
+                LIVE_SIZE_VARIANCE_UNIT,
+            ));
+        }
     }
     let class_key = strings.fixed(CLASS_LABEL);
     let gen_age_key = strings.fixed(GEN_AGE_LABEL);
@@ -231,9 +271,16 @@ fn build_profile(
                     ..Default::default()
                 });
             }
-            let mut values = vec![a.objects];
+            let mut values = Vec::with_capacity(5);
+            values.push(a.objects);
             if snapshot.size_enabled() {
                 values.push(a.bytes);
+            }
+            if options.uncertainty {
+                values.extend([a.records, a.objects_variance]);
+                if snapshot.size_enabled() {
+                    values.push(a.bytes_variance);
+                }
             }
             pb::Sample {
                 location_ids: stack_locations.get(a.stack).cloned().unwrap_or_default(),
@@ -260,9 +307,22 @@ fn build_profile(
         duration_nanos: nanos(end.duration_since(start).unwrap_or(Duration::ZERO)),
         period_type,
         period: options.sample_every,
+        default_sample_type,
         ..Default::default()
     };
     Ok((profile, objects))
+}
+
+/// What one live object of weight `w` and `size` bytes adds to the variance of its sample's object
+/// count, `w(w-1)`, and of its bytes, `w(w-1)·size²`: the Horvitz-Thompson variance of an object
+/// kept with probability 1/w. Saturates at `i64::MAX` (a standard deviation of 3 GiB or more).
+pub(super) fn variance_terms(weight: u64, size: usize) -> (i64, i64) {
+    let w = u128::from(weight);
+    let objects = w.saturating_mul(w.saturating_sub(1));
+    let size = u128::try_from(size).unwrap_or(u128::MAX);
+    let bytes = objects.saturating_mul(size).saturating_mul(size);
+    let clamp = |v: u128| i64::try_from(v).unwrap_or(i64::MAX);
+    (clamp(objects), clamp(bytes))
 }
 
 fn nanos(d: Duration) -> i64 {

@@ -3,7 +3,13 @@
 //! prints (top allocation sites, and the growth between two profiles).
 //!
 //! What a profile holds:
-//! - sample types `heap-live-samples`/`count` and, when sizes are measured, `heap-live-size`/`bytes`;
+//! - sample types `heap-live-samples`/`count` and, when sizes are measured, `heap-live-size`/`bytes`
+//!   (the default type); then, unless asked not to (uploads), what says how far those can be
+//!   trusted: `heap-live-records`/`count` (the live objects recorded, each standing for its
+//!   weight w of them), `heap-live-samples-variance`/`count^2` (the sum of w(w-1), the sampling
+//!   variance of the object count) and, with sizes, `heap-live-size-variance`/`bytes^2` (the sum
+//!   of w(w-1)·size²). All of them add up when samples are merged, so any grouping of samples
+//!   has its own count and variance; one standard deviation is the variance's square root;
 //! - period type `allocations`/`count`, period = the sampler's mean allocations between samples;
 //! - one sample per (allocation stack, class, gc gen age) with the sum over the live objects that
 //!   share them of `weight` and `weight * size`. Objects that agree on all three are
@@ -24,6 +30,7 @@
 mod encode;
 mod read;
 mod summary;
+mod uncertainty;
 
 #[cfg(test)]
 mod tests;
@@ -36,6 +43,7 @@ pub use summary::{
     diff_sites, diff_sites_with, is_app_frame, library_of, merge_profiles, row_key, top_sites,
     top_sites_with, AppRoot, GroupBy, Site, SiteDiff, SiteOptions, SortBy,
 };
+pub use uncertainty::SIGNIFICANT_SDS;
 
 /// Sample type counting live objects (each sampled object stands for `weight` of them).
 pub const LIVE_SAMPLES_TYPE: &str = "heap-live-samples";
@@ -43,6 +51,15 @@ pub const LIVE_SAMPLES_UNIT: &str = "count";
 /// Sample type for the bytes those objects hold; left out when sizes are not measured.
 pub const LIVE_SIZE_TYPE: &str = "heap-live-size";
 pub const LIVE_SIZE_UNIT: &str = "bytes";
+/// Sample type counting the live objects recorded (the samples an estimate rests on).
+pub const LIVE_RECORDS_TYPE: &str = "heap-live-records";
+pub const LIVE_RECORDS_UNIT: &str = "count";
+/// Sample type summing `w(w-1)` over the recorded objects: the variance of `heap-live-samples`.
+pub const LIVE_SAMPLES_VARIANCE_TYPE: &str = "heap-live-samples-variance";
+pub const LIVE_SAMPLES_VARIANCE_UNIT: &str = "count^2";
+/// Sample type summing `w(w-1)·size²`: the variance of `heap-live-size`; left out without sizes.
+pub const LIVE_SIZE_VARIANCE_TYPE: &str = "heap-live-size-variance";
+pub const LIVE_SIZE_VARIANCE_UNIT: &str = "bytes^2";
 pub const PERIOD_TYPE: &str = "allocations";
 pub const PERIOD_UNIT: &str = "count";
 /// String label: the class of the allocated object.

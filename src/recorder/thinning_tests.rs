@@ -25,7 +25,7 @@ fn thinning_removes_the_dropped_records_from_the_liveness_table() {
     let stats = rec.stats().unwrap();
     assert!(stats.lifetime.thinnings >= 3, "{:?}", stats.lifetime);
     // Every object is alive: the table holds exactly the records, not every object ever tracked.
-    assert_eq!(vm.table.len() as u64, stats.num_object_records as u64);
+    assert_eq!(vm.table.len() as u64, stats.num_object_records);
     assert!(rec
         .record_ids()
         .unwrap()

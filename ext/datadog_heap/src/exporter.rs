@@ -110,6 +110,8 @@ impl Exporter {
                 Some(start),
                 Some(end),
                 &Default::default(),
+                // Backends read the two estimates; the records and variances are for the CLI.
+                false,
             )?;
             let dropped = rb_self
                 .uploader

@@ -199,7 +199,8 @@ impl Profile {
     /// or nil), `period`, `time_nanos`, `duration_nanos`, `samples` (count), `comments` ([String]),
     /// `objects_index` and
     /// `bytes_index` (which value counts live objects / bytes, or nil), `total_objects` and
-    /// `total_bytes` (sums of those values, or nil).
+    /// `total_bytes` (sums of those values, or nil), `uncertainty` (whether samples carry their
+    /// record counts and variances).
     fn info(ruby: &Ruby, rb_self: &Self) -> Result<RHash, Error> {
         guarded(ruby, || {
             let data = &rb_self.data;
@@ -224,6 +225,7 @@ impl Profile {
             hash.aset(ruby.to_symbol("bytes_index"), bytes_at)?;
             hash.aset(ruby.to_symbol("total_objects"), total(data, objects_at))?;
             hash.aset(ruby.to_symbol("total_bytes"), total(data, bytes_at))?;
+            hash.aset(ruby.to_symbol("uncertainty"), data.has_uncertainty())?;
             Ok(hash)
         })
     }
@@ -251,7 +253,8 @@ impl Profile {
 
     /// `_native_top(n, by, group, app_root)` (see [`site_options`]) -> `[[locations, class_name,
     /// location, live_bytes, live_objects, share, median_gen_age, label, function, callee,
-    /// called_from, library, stacks], ...]`, largest first.
+    /// called_from, library, stacks, samples, objects_stddev, bytes_stddev], ...]`, largest first
+    /// (the last three nil when the profile does not carry them).
     fn top(
         ruby: &Ruby,
         rb_self: &Self,
@@ -280,6 +283,9 @@ impl Profile {
                     site.called_from.as_deref().into_value_with(ruby),
                     ruby.str_new(&site.library).as_value(),
                     site.stacks.into_value_with(ruby),
+                    site.samples.into_value_with(ruby),
+                    site.objects_stddev.into_value_with(ruby),
+                    site.bytes_stddev.into_value_with(ruby),
                 ]);
                 out.push(row)?;
             }
@@ -320,8 +326,10 @@ impl Profile {
     /// `_native_diff(other, by, group, app_root)` -> every group of either profile, from `self`
     /// (old) to `other` (new), largest growth in live bytes first: `[[locations, class_name,
     /// location, old_bytes, new_bytes, old_objects, new_objects, bytes_change, objects_change,
-    /// bytes_relative, objects_relative, label, function, callee, called_from, library], ...]`
-    /// (relative changes are nil when the old value is 0; `by` picks each group's heaviest stack).
+    /// bytes_relative, objects_relative, label, function, callee, called_from, library,
+    /// old_samples, new_samples, bytes_change_stddev, objects_change_stddev, significant], ...]`
+    /// (relative changes are nil when the old value is 0; `by` picks each group's heaviest stack
+    /// and the measure `significant` judges; the last five are nil when a profile lacks them).
     fn diff(
         ruby: &Ruby,
         rb_self: &Self,
@@ -353,6 +361,11 @@ impl Profile {
                     d.callee.as_deref().into_value_with(ruby),
                     d.called_from.as_deref().into_value_with(ruby),
                     ruby.str_new(&d.library).as_value(),
+                    d.old_samples.into_value_with(ruby),
+                    d.new_samples.into_value_with(ruby),
+                    d.bytes_change_stddev.into_value_with(ruby),
+                    d.objects_change_stddev.into_value_with(ruby),
+                    d.significant.into_value_with(ruby),
                 ]);
                 out.push(row)?;
             }

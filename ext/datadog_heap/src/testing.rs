@@ -117,6 +117,11 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
         function!(crate::shims::method_entry_layout_verified, 0),
     )?;
     testing.define_singleton_method("_native_hold_lock", function!(hold_lock, 1))?;
+    // A profile as written before profiles carried records and variances.
+    testing.define_singleton_method(
+        "_native_profile_without_uncertainty",
+        function!(crate::recorder::profile::profile_without_uncertainty, 1),
+    )?;
     // The longest any lock wait lasts, in seconds (tests shorten it).
     testing.define_singleton_method(
         "_native_set_lock_wait_limit",

@@ -19,6 +19,9 @@ module DatadogHeap
           p.separator "and the sampling error) and a verdict: growing, steady or shrinking. Growing sites first."
           p.separator "A site is growing when the confidence is at least #{(DatadogHeap::Trend::CONFIDENCE * 100).round(1)}% and the fitted growth over"
           p.separator "the series is at least #{(DatadogHeap::Trend::MIN_RELATIVE_GROWTH * 100).round}% of its mean: sampling noise alone reads steady."
+          p.separator "It must also rest on at least #{DatadogHeap::Trend::MIN_SAMPLES} samples in some profile and rise across at least " \
+            "#{DatadogHeap::Trend::MIN_STEPS} steps"
+          p.separator "(so 3 profiles or more); empty profiles at the start are skipped."
           p.separator "Sites, --group and --app-root are as in `datadog-heap report`."
           p.separator ""
           p.separator "Options:"
@@ -62,6 +65,10 @@ module DatadogHeap
         shrinking = trends.count { |t| t.verdict == :shrinking }
         @out.puts("#{profiles.size} profiles over #{duration(span)}: #{plural(trends.size, noun)}, " \
           "#{growing} growing, #{shrinking} shrinking, #{trends.size - growing - shrinking} steady")
+        skipped = DatadogHeap::Trend.leading_empty(profiles.sort_by { |p| p.end_time.to_f })
+        if skipped > 0
+          @out.puts("(skipped the first #{plural(skipped, "profile")}: no live samples yet; the series starts at the next)")
+        end
         @out.puts("(a profile has no sizes: slopes are in live objects per minute)") if unit == :objects
         return @out.puts("No live objects in these profiles.") if trends.empty?
 
@@ -70,19 +77,49 @@ module DatadogHeap
         shown = shown.first(options[:top])
         @out.puts
         kind = grouping(options)[:group]
+        notes = shown.any?(&:note)
         rows = shown.map do |t|
-          slope = unit == :bytes ? "#{signed_bytes(t.slope.round)}/min" : format("%+.1f/min", t.slope)
+          slope = if t.slope.nil?
+            "-"
+          else
+            unit == :bytes ? "#{signed_bytes(t.slope.round)}/min" : format("%+.1f/min", t.slope)
+          end
           first = unit == :bytes ? human_bytes(t.bytes.first) : t.bytes.first.to_s
           last = unit == :bytes ? human_bytes(t.bytes.last) : t.bytes.last.to_s
-          row = [t.verdict.to_s, slope, format("%.1f%%", t.confidence * 100), first, last]
+          row = [t.verdict.to_s, slope, format("%.1f%%", t.confidence * 100), first, last,
+            "#{t.samples.first} -> #{t.samples.last}"]
           row << (t.class_name || "?") if kind == :site
           row << t.label
+          row << (t.note || "") if notes
           row
         end
-        headers = ["verdict", "slope", "confidence", "first", "last"]
+        headers = ["verdict", "slope", "confidence", "first", "last", "samples"]
         headers << "class" if kind == :site
         headers << noun
-        @out.puts(table(headers, rows, "lrrrr#{"l" if kind == :site}l"))
+        headers << "note" if notes
+        @out.puts(table(headers, rows, "lrrrrr#{"l" if kind == :site}ll"))
+        why_none_growing(trends, noun) if growing.zero?
+      end
+
+      # Why no site reads growing, and how to get a verdict that can say so.
+      def why_none_growing(trends, noun)
+        rose = trends.select { |t| t.reason && t.slope.to_f > 0 }
+        few = rose.count { |t| t.reason == :few_samples }
+        shape = rose.size - few
+        why = []
+        if few > 0
+          why << "#{plural(few, noun)} rose but #{few == 1 ? "rests" : "rest"} on fewer than " \
+            "#{DatadogHeap::Trend::MIN_SAMPLES} samples, too few to tell growth from one heavy sample appearing"
+        end
+        if shape > 0
+          why << "#{plural(shape, noun)} rose in a single step, or ended no higher than #{shape == 1 ? "it" : "they"} started"
+        end
+        why << "no #{noun}'s live #{trends.first&.unit || :bytes} rose beyond sampling noise" if why.empty?
+        @out.puts
+        @out.puts("No #{noun} is growing: #{why.join("; ")}.")
+        @out.puts("To tell a leak from noise: take more profiles (a leak keeps rising across several), lower sample_every " \
+          "for more samples per #{noun} (datadog-heap run --sample-every N), or use the leak-hunt preset " \
+          "(preset: :leak_hunt).")
       end
 
       def duration(seconds)

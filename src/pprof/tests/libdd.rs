@@ -119,7 +119,12 @@ fn libdatadog_output_is_zstd_and_reads_like_ours() {
         &[0x28, 0xb5, 0x2f, 0xfd],
         "libdatadog writes zstd"
     );
-    let ours = encode_profile(&snapshot, &options()).unwrap();
+    // libdatadog writes the two estimates only, as an upload does.
+    let bare = EncodeOptions {
+        uncertainty: false,
+        ..options()
+    };
+    let ours = encode_profile(&snapshot, &bare).unwrap();
     drop(snapshot);
     w.rec.finish_iteration().unwrap();
     assert_eq!(w.rec.stats().unwrap().string_refs, refs);

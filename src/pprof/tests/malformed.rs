@@ -90,7 +90,7 @@ fn dangling_references_are_named() {
     p.samples[1].values.push(1);
     let m = message(&p.encode_to_vec());
     assert!(
-        m.contains("sample 1 has 3 values but the profile has 2 sample types"),
+        m.contains("sample 1 has 6 values but the profile has 5 sample types"),
         "{m}"
     );
 

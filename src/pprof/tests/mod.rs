@@ -5,6 +5,7 @@ mod libdd;
 mod malformed;
 mod retained;
 mod summary;
+mod uncertainty;
 
 use std::collections::HashSet;
 use std::io::Read;
@@ -107,6 +108,7 @@ pub(super) fn options() -> EncodeOptions {
         sample_every: 512,
         start: Some(UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
         end: Some(UNIX_EPOCH + Duration::from_secs(1_700_000_060)),
+        uncertainty: true,
     }
 }
 
@@ -173,7 +175,13 @@ fn round_trip_keeps_types_values_labels_and_period() {
         .collect();
     assert_eq!(
         types,
-        [("heap-live-samples", "count"), ("heap-live-size", "bytes")]
+        [
+            ("heap-live-samples", "count"),
+            ("heap-live-size", "bytes"),
+            ("heap-live-records", "count"),
+            ("heap-live-samples-variance", "count^2"),
+            ("heap-live-size-variance", "bytes^2")
+        ]
     );
     assert_eq!(
         p.period_type,
@@ -191,7 +199,16 @@ fn round_trip_keeps_types_values_labels_and_period() {
         .iter()
         .find(|s| *s.frames == *frames_of(APP))
         .unwrap();
-    assert_eq!(app.values, vec![3 + 2, 3 * 40 + 2 * 100]);
+    assert_eq!(
+        app.values,
+        vec![
+            3 + 2,
+            3 * 40 + 2 * 100,
+            2,
+            3 * 2 + 2,
+            3 * 2 * 40 * 40 + 2 * 100 * 100
+        ]
+    );
     assert_eq!(app.class.as_deref(), Some("String"));
     assert_eq!(app.gen_age, Some(1));
     let other = p
@@ -199,7 +216,7 @@ fn round_trip_keeps_types_values_labels_and_period() {
         .iter()
         .find(|s| *s.frames == *frames_of(OTHER))
         .unwrap();
-    assert_eq!(other.values, vec![5, 5 * 80]);
+    assert_eq!(other.values, vec![5, 5 * 80, 1, 5 * 4, 5 * 4 * 80 * 80]);
     assert_eq!(other.class.as_deref(), Some("Array"));
 }
 
@@ -209,9 +226,16 @@ fn size_type_is_absent_when_sizes_are_off() {
     w.record(&[alloc(APP, Some("String"), 4, 40)]);
     let encoded = encode_world(&mut w);
     let p = read_profile(&encoded.bytes).unwrap();
-    assert_eq!(p.sample_types.len(), 1);
-    assert_eq!(p.sample_types[0].name, "heap-live-samples");
-    assert_eq!(p.samples[0].values, vec![4]);
+    let names: Vec<&str> = p.sample_types.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "heap-live-samples",
+            "heap-live-records",
+            "heap-live-samples-variance"
+        ]
+    );
+    assert_eq!(p.samples[0].values, vec![4, 1, 4 * 3]);
     assert_eq!(p.bytes_index(), None);
 }
 
@@ -311,7 +335,7 @@ fn empty_and_newborn_only_profiles_are_valid() {
     assert_eq!(&encoded.bytes[..2], &[0x1f, 0x8b]);
     let p = read_profile(&encoded.bytes).unwrap();
     assert!(p.samples.is_empty());
-    assert_eq!(p.sample_types.len(), 2);
+    assert_eq!(p.sample_types.len(), 5);
 
     // Objects that have not met a GC are left out.
     w.record(&[alloc(APP, Some("String"), 1, 10)]);
@@ -364,7 +388,7 @@ fn encodes_on_a_thread_without_the_recorder() {
     w.rec.finish_iteration().unwrap();
     assert_eq!(
         read_profile(&encoded.bytes).unwrap().samples[0].values,
-        [2, 20]
+        [2, 20, 1, 2, 2 * 10 * 10]
     );
 }
 
@@ -437,7 +461,11 @@ fn huge_weight_times_size_saturates() {
         alloc(APP, Some("String"), u32::MAX, usize::MAX / 2),
     ]);
     let p = read_profile(&encode_world(&mut w).bytes).unwrap();
-    assert_eq!(p.samples[0].values, [2 * i64::from(u32::MAX), i64::MAX]);
+    // The variances saturate too: 3 GiB of standard deviation or more reads as i64::MAX.
+    assert_eq!(
+        p.samples[0].values,
+        [2 * i64::from(u32::MAX), i64::MAX, 2, i64::MAX, i64::MAX]
+    );
 }
 
 #[test]

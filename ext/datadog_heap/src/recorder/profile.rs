@@ -15,7 +15,14 @@ use crate::shims::{without_gvl, IfRefused};
 
 /// `profile` -> gzip pprof of the live objects.
 pub fn profile(ruby: &Ruby, rb_self: &Recorder) -> Result<RString, Error> {
-    let encoded = encode(ruby, rb_self, None, None, &RetainedBy::new())?;
+    let encoded = encode(ruby, rb_self, None, None, &RetainedBy::new(), true)?;
+    Ok(ruby.str_from_slice(&encoded.bytes))
+}
+
+/// `profile` as written before profiles carried records and variances (and as uploads still
+/// are): the two estimates only. For the specs of readers of older profiles.
+pub fn profile_without_uncertainty(ruby: &Ruby, rb_self: &Recorder) -> Result<RString, Error> {
+    let encoded = encode(ruby, rb_self, None, None, &RetainedBy::new(), false)?;
     Ok(ruby.str_from_slice(&encoded.bytes))
 }
 
@@ -26,19 +33,28 @@ pub fn profile_retained(
     rb_self: &Recorder,
     paths: Vec<(i64, String)>,
 ) -> Result<RString, Error> {
-    let encoded = encode(ruby, rb_self, None, None, &paths.into_iter().collect())?;
+    let encoded = encode(
+        ruby,
+        rb_self,
+        None,
+        None,
+        &paths.into_iter().collect(),
+        true,
+    )?;
     Ok(ruby.str_from_slice(&encoded.bytes))
 }
 
 /// The live objects as a gzip pprof whose span is `start..end` (see `EncodeOptions`), with a
-/// `retained by` label on the objects `retained_by` names; what `profile` returns, and what the
-/// exporter uploads. Needs the GVL; releases it to encode.
+/// `retained by` label on the objects `retained_by` names, and the records and variances when
+/// `uncertainty`; what `profile` returns, and what the exporter uploads (without them). Needs the
+/// GVL; releases it to encode.
 pub(crate) fn encode(
     ruby: &Ruby,
     rb_self: &Recorder,
     start: Option<SystemTime>,
     end: Option<SystemTime>,
     retained_by: &RetainedBy,
+    uncertainty: bool,
 ) -> Result<EncodedPprof, Error> {
     with_session(ruby, rb_self, |session| {
         let mut snapshot = session.with_vm(ruby, |vm| session.core.prepare_iteration(vm))?;
@@ -63,6 +79,7 @@ pub(crate) fn encode(
                 .unwrap_or(i64::MAX),
             start,
             end,
+            uncertainty,
         };
         // Not busy meanwhile: other threads allocate while the GVL is released, and none of it is
         // our own work.

@@ -1,0 +1,110 @@
+//! How far an estimate can be trusted: where a profile keeps the counts and variances its
+//! samples carry (see [`crate::pprof`] for the sample types), and the arithmetic on them.
+//!
+//! A live object recorded with weight w stands for w objects: it was kept with probability 1/w.
+//! The estimate N = Σ wᵢ then has the (Horvitz-Thompson) variance Σ wᵢ(wᵢ-1), and the bytes
+//! Σ wᵢ·sᵢ have Σ wᵢ(wᵢ-1)·sᵢ². Variances of disjoint sets of objects add, so a row's variance
+//! is the sum over its samples, and a change between two profiles has the sum of both sides'.
+
+use super::read::ProfileData;
+use super::{LIVE_RECORDS_TYPE, LIVE_SAMPLES_VARIANCE_TYPE, LIVE_SIZE_VARIANCE_TYPE};
+
+/// A change is significant when it exceeds this many of its own standard deviations.
+pub const SIGNIFICANT_SDS: f64 = 2.0;
+
+impl ProfileData {
+    /// Where the number of recorded objects is (`heap-live-records`), if the profile has it.
+    pub fn records_index(&self) -> Option<usize> {
+        self.value_index(LIVE_RECORDS_TYPE)
+    }
+
+    /// Where the variance of the live-object count is (`heap-live-samples-variance`).
+    pub fn objects_variance_index(&self) -> Option<usize> {
+        self.value_index(LIVE_SAMPLES_VARIANCE_TYPE)
+    }
+
+    /// Where the variance of the live bytes is (`heap-live-size-variance`).
+    pub fn bytes_variance_index(&self) -> Option<usize> {
+        self.value_index(LIVE_SIZE_VARIANCE_TYPE)
+    }
+
+    /// Whether the profile says how many samples each estimate rests on and how far off it may
+    /// be: false for profiles written before it did, and for other profilers'.
+    pub fn has_uncertainty(&self) -> bool {
+        self.records_index().is_some() && self.objects_variance_index().is_some()
+    }
+}
+
+/// Which of the uncertainty columns a profile has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Known {
+    pub records: bool,
+    pub objects_variance: bool,
+    pub bytes_variance: bool,
+}
+
+/// The positions of the values a summary reads from each sample of one profile.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Columns {
+    objects: Option<usize>,
+    bytes: Option<usize>,
+    records: Option<usize>,
+    objects_variance: Option<usize>,
+    bytes_variance: Option<usize>,
+}
+
+/// One sample's values, 0 for a column the profile lacks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Values {
+    pub objects: i64,
+    pub bytes: i64,
+    pub records: i64,
+    pub objects_variance: i64,
+    pub bytes_variance: i64,
+}
+
+impl Columns {
+    pub fn of(profile: &ProfileData) -> Self {
+        let bytes = profile.bytes_index();
+        Columns {
+            objects: profile.objects_index(),
+            bytes,
+            records: profile.records_index(),
+            objects_variance: profile.objects_variance_index(),
+            // A bytes variance means nothing without the bytes it is the variance of.
+            bytes_variance: bytes.and(profile.bytes_variance_index()),
+        }
+    }
+
+    pub fn known(&self) -> Known {
+        Known {
+            records: self.records.is_some(),
+            objects_variance: self.objects_variance.is_some(),
+            bytes_variance: self.bytes_variance.is_some(),
+        }
+    }
+
+    /// Never panics: a missing value (a short `values`) reads as 0.
+    pub fn read(&self, values: &[i64]) -> Values {
+        let at = |column: Option<usize>| column.and_then(|i| values.get(i)).copied().unwrap_or(0);
+        Values {
+            objects: at(self.objects),
+            bytes: at(self.bytes),
+            records: at(self.records),
+            objects_variance: at(self.objects_variance),
+            bytes_variance: at(self.bytes_variance),
+        }
+    }
+}
+
+/// One standard deviation from a variance; a negative variance (only a hostile profile has one)
+/// counts as 0.
+pub fn stddev(variance: f64) -> f64 {
+    variance.max(0.0).sqrt()
+}
+
+/// Whether `change` exceeds [`SIGNIFICANT_SDS`] standard deviations `sd`. With `sd` 0 (nothing
+/// sampled: every weight 1) any change is.
+pub fn significant(change: i64, sd: f64) -> bool {
+    (change as f64).abs() > SIGNIFICANT_SDS * sd
+}
