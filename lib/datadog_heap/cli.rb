@@ -212,6 +212,10 @@ module DatadogHeap
       group = grouping(options)
       by = options.fetch(:by, :size)
       sites = profile.top(2**62 - 1, by: by, **group)
+      # Measurements first: a row resting on fewer than 5 samples (rough, marked ~) can be off by
+      # as much as itself, and one heavy object sampled once (a Class, a Thread's stack) outweighs
+      # a leak of thousands of small ones. Rough rows follow, in the same order.
+      sites = sites.reject(&:rough?) + sites.select(&:rough?)
       by = :count unless profile.sizes?
       kind = group[:group]
       noun = kind.to_s
@@ -225,7 +229,8 @@ module DatadogHeap
       @out.puts("(#{profile.count > 1 ? "these profiles have" : "this profile has"} no sizes: " \
         "#{plural_noun(noun)} are ranked by live objects)") unless profile.sizes?
       @out.puts
-      @out.puts("Top #{shown.size} of #{plural(sites.size, noun)} by live #{by == :size ? "bytes" : "objects"}:")
+      rough_last = sites.any?(&:rough?) ? ", rows on fewer than 5 samples (~) last" : ""
+      @out.puts("Top #{shown.size} of #{plural(sites.size, noun)} by live #{by == :size ? "bytes" : "objects"}#{rough_last}:")
       @out.puts
       callers = kind == :site && shown.any?(&:called_from)
       rows = shown.map do |s|
