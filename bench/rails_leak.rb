@@ -9,10 +9,15 @@
 #   1024       config.datadog_heap.sample_every = 1024 (no budget: an interval set is kept)
 #   leak_hunt_128  the preset at 1 in 128
 #
+# TREND=1: instead, each server also writes a profile every INTERVAL seconds (config.datadog_heap
+# output and interval, default 2) while the requests are paced over about 20 s, and
+# DatadogHeap::Profile.trend reads the series: which sites does it call growing?
+#
 # Run: ruby -Ilib bench/rails_leak.rb (RUNS=10 REQUESTS=2000 VARIANTS=leak_hunt,defaults; BENCH_SMOKE=1)
 require_relative "support"
 require "net/http"
 require "socket"
+require "tmpdir"
 
 APP = File.expand_path("../examples/rails_leak/config.ru", __dir__)
 REQUESTS = Integer(ENV.fetch("REQUESTS", Bench.pick(2000, 300).to_s), 10)
@@ -76,7 +81,39 @@ def rows(report)
   report.lines.grep(/\A\s*[\d.]+ (B|KiB|MiB|GiB)\s/).map(&:strip)
 end
 
+TREND = ENV["TREND"] == "1"
+INTERVAL = Float(ENV.fetch("INTERVAL", "2"))
+
+# TREND=1: the sites the series of profiles calls growing, after `requests` requests paced over
+# about ten intervals.
+def trend_run(variant)
+  Dir.mktmpdir do |dir|
+    with_server(SETTINGS.fetch(variant).merge(output: dir, interval: INTERVAL)) do |http|
+      pace = INTERVAL * 10 / REQUESTS
+      t = Bench.now
+      REQUESTS.times do |i|
+        request(http, i)
+        ahead = t + i * pace - Bench.now
+        sleep ahead if ahead > 0
+      end
+      sleep INTERVAL
+    end
+    profiles = Dir.glob(File.join(dir, "heap-*.pb.gz")).sort_by { |f| f[/-(\d+)\.pb\.gz\z/, 1].to_i }.map { |f| DatadogHeap::Profile.load(f) }
+    sites = DatadogHeap::Profile.trend(profiles, app_root: File.dirname(APP))
+    growing = sites.select { |s| s.verdict == :growing }
+    # What the leak keeps: sites allocated in the leak's method, or whose objects the last profile
+    # found retained by its array (the preset writes retainer paths; other variants have none).
+    kept = profiles.last.top_retained(1000, app_root: File.dirname(APP))
+      .select { |_, paths| paths.any? { |path, _, _| path.include?("RECENT") } }.map { |site, _| site.label }
+    leaks = ->(s) { "#{s.label} #{s.called_from}".match?(LEAK) || kept.include?(s.label) }
+    {profiles: profiles.size, growing: growing.reject(&leaks).map { |s| "#{s.class_name} #{s.label}"[0, 140] },
+     leak: growing.any?(&leaks), others: growing.count { |s| !leaks.call(s) }}
+  end
+end
+
 def run(variant)
+  return trend_run(variant) if TREND
+
   with_server(SETTINGS.fetch(variant)) do |http|
     t = Bench.now
     REQUESTS.times { |i| request(http, i) }
@@ -86,6 +123,23 @@ def run(variant)
     rank = top.index { |row| row.match?(LEAK) }
     {rank: rank && rank + 1, top: top.first.to_s[0, 150], rps: REQUESTS / elapsed, notes: report.lines.grep(/^Note:/).map(&:strip)}
   end
+end
+
+if TREND
+  Bench.header("bench/rails_leak.rb TREND=1: which sites does trend call growing?",
+    ["#{REQUESTS} requests per run over about #{(INTERVAL * 10).round} s, a profile every #{INTERVAL} s, #{RUNS} runs per variant"])
+  results = Bench.alternate(VARIANTS, RUNS, gc: false) { |v| run(v) }
+  rows = VARIANTS.map do |v|
+    runs = results[v]
+    [v, runs.map { |r| r[:profiles] }.minmax.join("-"), "#{runs.count { |r| r[:leak] }} / #{runs.size}",
+      runs.map { |r| r[:others] }.join(" ")]
+  end
+  Bench.table(["variant", "profiles", "leak growing", "other sites growing, per run"], rows)
+  results.each do |v, runs|
+    others = runs.flat_map { |r| r[:growing] }.tally
+    others.first(5).each { |site, n| puts "#{v}: also growing in #{n} run(s): #{site}" }
+  end
+  exit
 end
 
 Bench.header("bench/rails_leak.rb: is the leak the report's top row?",
