@@ -33,13 +33,15 @@ RSpec.describe "datadog-heap on rdoc (a program whose work is all in the standar
     [out, err, status.exitstatus]
   end
 
-  # Column `index` of each row of the table headed by `header` (cells are two spaces apart and
-  # have at most one inside).
-  def column(out, header, index)
+  # The cells of column `name` in the table whose header row starts with "live bytes" (cells are
+  # two spaces apart and have at most one inside), up to the blank line that ends the table.
+  def column(out, name)
     lines = out.lines.map(&:chomp)
-    start = lines.index { |l| l.lstrip.start_with?(header) }
-    expect(start).not_to be_nil, "no table headed #{header.inspect} in:\n#{out}"
-    lines.drop(start + 1).map { |row| row.strip.split(/\s{2,}/)[index] }
+    start = lines.index { |l| l.lstrip.start_with?("live bytes") }
+    expect(start).not_to be_nil, "no table in:\n#{out}"
+    index = lines[start].strip.split(/\s{2,}/).index(name)
+    expect(index).not_to be_nil, "no column #{name.inspect} in #{lines[start].inspect}"
+    lines.drop(start + 1).take_while { |row| !row.strip.empty? }.map { |row| row.strip.split(/\s{2,}/)[index] }
   end
 
   it "reports at least 5 distinct sites inside rdoc's own files, each with its method" do
@@ -49,7 +51,7 @@ RSpec.describe "datadog-heap on rdoc (a program whose work is all in the standar
     expect(out).to include("exited with status 0")
     expect(code).to eq(0), "exit #{code}\n#{out}\n#{err}"
     expect(File).to exist(File.join(dir, "doc", "index.html"))
-    sites = column(out, "live bytes", 5)
+    sites = column(out, "site")
     inside = sites.select { |site| site.start_with?(rdoc_dir) }.uniq
     expect(inside.size).to be >= 5, "#{inside.size} sites in #{rdoc_dir}:\n#{out}"
     expect(inside).to all(match(%r{\A#{Regexp.escape(rdoc_dir)}\S+\.rb:\d+ in \S}))
@@ -62,12 +64,12 @@ RSpec.describe "datadog-heap on rdoc (a program whose work is all in the standar
     out, err, code = cli("report", "--group", "gem", "--top", "20", *written)
     expect([err, code]).to eq(["", 0])
     expect(out.lines.first).to start_with(written.size == 1 ? "#{written.first}: " : "#{written.size} profiles summed (")
-    expect(column(out, "live bytes", 4)).to include(match(/\Ardoc( \(stdlib\))?\z/))
+    expect(column(out, "gem")).to include(match(/\Ardoc( \(stdlib\))?\z/))
 
     # With rdoc's own directory as the app root, a site elsewhere says where rdoc called it from.
     out, err, code = cli("report", "--app-root", rdoc_dir, "--top", "50", written.max)
     expect([err, code]).to eq(["", 0])
-    callers = column(out, "live bytes", 6).compact
+    callers = column(out, "called from").compact
     expect(callers).not_to be_empty, out
     expect(callers).to all(start_with(rdoc_dir))
   end
