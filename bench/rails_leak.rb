@@ -101,10 +101,13 @@ def trend_run(variant)
     profiles = Dir.glob(File.join(dir, "heap-*.pb.gz")).sort_by { |f| f[/-(\d+)\.pb\.gz\z/, 1].to_i }.map { |f| DatadogHeap::Profile.load(f) }
     sites = DatadogHeap::Profile.trend(profiles, app_root: File.dirname(APP))
     growing = sites.select { |s| s.verdict == :growing }
-    # What the leak keeps: sites allocated in the leak's method, or whose objects the last profile
-    # found retained by its array (the preset writes retainer paths; other variants have none).
-    kept = profiles.last.top_retained(1000, app_root: File.dirname(APP))
-      .select { |_, paths| paths.any? { |path, _, _| path.include?("RECENT") } }.map { |site, _| site.label }
+    # What the leak keeps: sites allocated in the leak's method, or whose objects a profile of the
+    # series found retained by its array (the preset writes retainer paths, for the heaviest sites
+    # of each profile; other variants have none).
+    kept = profiles.flat_map do |profile|
+      profile.top_retained(1000, app_root: File.dirname(APP))
+        .select { |_, paths| paths.any? { |path, _, _| path.include?("RECENT") } }.map { |site, _| site.label }
+    end.uniq
     leaks = ->(s) { "#{s.label} #{s.called_from}".match?(LEAK) || kept.include?(s.label) }
     {profiles: profiles.size, growing: growing.reject(&leaks).map { |s| "#{s.class_name} #{s.label}"[0, 140] },
      leak: growing.any?(&leaks), others: growing.count { |s| !leaks.call(s) }}

@@ -72,16 +72,11 @@ class OrdersController < ApplicationController
   def show
     order = Order.find(Integer(params[:id], 10))
     respond_to do |format|
-      format.html { render inline: VIEW, locals: {order: order} }
+      format.html { render "orders/show", locals: {order: order} }
       format.json { render json: {order: order.to_h, items: order.lines.size, currency: "USD"} }
     end
   end
 
-  VIEW = <<~ERB
-    <h1>Order <%= order.id %> for <%= order.customer[:name] %></h1>
-    <ul><% order.lines.each do |line| %><li><%= line[:sku] %> x<%= line[:quantity] %>: <%= number_to_currency(line[:price]) %></li><% end %></ul>
-    <p>Total <%= number_to_currency(order.total) %>, placed <%= time_ago_in_words(order.placed_at) %> ago</p>
-  ERB
 
 end
 
