@@ -15,11 +15,10 @@
 #
 # Run: ruby -Ilib bench/rails_leak.rb (RUNS=10 REQUESTS=2000 VARIANTS=leak_hunt,defaults; BENCH_SMOKE=1)
 require_relative "support"
-require "net/http"
-require "socket"
 require "tmpdir"
 
-APP = File.expand_path("../examples/rails_leak/config.ru", __dir__)
+require_relative "../examples/rails_leak/server"
+
 REQUESTS = Integer(ENV.fetch("REQUESTS", Bench.pick(2000, 300).to_s), 10)
 RUNS = Integer(ENV.fetch("RUNS", Bench.pick(10, 1).to_s), 10)
 SETTINGS = {
@@ -31,37 +30,8 @@ SETTINGS = {
 VARIANTS = ENV.fetch("VARIANTS", "leak_hunt,defaults").split(",").each { |v| SETTINGS.fetch(v) }
 LEAK = /app\.rb:\d+ in ApplicationController#remember/
 
-def free_port
-  server = TCPServer.new("127.0.0.1", 0)
-  server.addr[1]
-ensure
-  server&.close
-end
-
-# Starts puma with `settings`, yields a Net::HTTP session, stops puma.
-def with_server(settings)
-  port = free_port
-  env = {"HEAP_SETTINGS" => JSON.generate(settings), "RAILS_ENV" => "production", "RUBYLIB" => File.expand_path("../lib", __dir__)}
-  log = File.open(File::NULL, "w")
-  pid = Process.spawn(env, "puma", "-b", "tcp://127.0.0.1:#{port}", "-t", "4:4", "--quiet", APP, out: log, err: log)
-  http = Net::HTTP.new("127.0.0.1", port)
-  deadline = Bench.now + 60
-  begin
-    http.start
-  rescue Errno::ECONNREFUSED
-    raise "puma did not start in 60 s" if Bench.now > deadline
-
-    sleep 0.2
-    retry
-  end
-  yield http
-ensure
-  http&.finish if http&.started?
-  if pid
-    Process.kill("TERM", pid)
-    Process.wait(pid)
-  end
-  log&.close
+def with_server(settings, &block)
+  RailsLeak.with_server(settings, &block)
 end
 
 # One request of the mix: 6 in 10 an order (HTML or JSON), 3 a search, 1 a health check.
@@ -99,13 +69,13 @@ def trend_run(variant)
       sleep INTERVAL
     end
     profiles = Dir.glob(File.join(dir, "heap-*.pb.gz")).sort_by { |f| f[/-(\d+)\.pb\.gz\z/, 1].to_i }.map { |f| DatadogHeap::Profile.load(f) }
-    sites = DatadogHeap::Profile.trend(profiles, app_root: File.dirname(APP))
+    sites = DatadogHeap::Profile.trend(profiles, app_root: File.dirname(RailsLeak::APP))
     growing = sites.select { |s| s.verdict == :growing }
     # What the leak keeps: sites allocated in the leak's method, or whose objects a profile of the
     # series found retained by its array (the preset writes retainer paths, for the heaviest sites
     # of each profile; other variants have none).
     kept = profiles.flat_map do |profile|
-      profile.top_retained(1000, app_root: File.dirname(APP))
+      profile.top_retained(1000, app_root: File.dirname(RailsLeak::APP))
         .select { |_, paths| paths.any? { |path, _, _| path.include?("RECENT") } }.map { |site, _| site.label }
     end.uniq
     leaks = ->(s) { "#{s.label} #{s.called_from}".match?(LEAK) || kept.include?(s.label) }
