@@ -4,6 +4,7 @@ require "open3"
 require "rbconfig"
 require "stringio"
 require "tmpdir"
+require "zlib"
 require "datadog_heap/cli"
 require_relative "fixtures/profiles"
 
@@ -222,6 +223,16 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       expect([out, code]).to eq(["", 1])
       expect(err).to start_with("datadog-heap: #{garbage} is not a readable pprof profile (22 bytes): ")
       expect(err.lines.size).to eq(1)
+      expect(backtrace_lines(err)).to be_empty
+
+      # A million empty samples ("\x12\x00": field 2, length 0), from a file of a few kB.
+      bomb = File.join(dir, "bomb.pb.gz")
+      File.binwrite(bomb, Zlib.gzip("\x12\x00".b * 1_000_000, level: Zlib::BEST_COMPRESSION))
+      out, err, code = cli("report", bomb, env: {"DATADOG_HEAP_MAX_PROFILE_BYTES" => "50000000"})
+      expect([out, code]).to eq(["", 1])
+      expect(err).to start_with("datadog-heap: #{bomb} is not a readable pprof profile (#{File.size(bomb)} bytes): pprof: " \
+        "reading this profile needs more memory than the limit of 50000000 bytes: its 1000000 samples, ")
+      expect(err).to end_with("set the environment variable DATADOG_HEAP_MAX_PROFILE_BYTES to a larger number of bytes\n")
       expect(backtrace_lines(err)).to be_empty
 
       missing = File.join(dir, "missing.pb.gz")

@@ -223,6 +223,77 @@ RSpec.describe DatadogHeap::Profile do
       end
     end
 
+    # Crafted profiles, from bytes. A pprof Profile is a protobuf message: field 1 (sample_type)
+    # and field 2 (sample) are length-delimited submessages, so "\x12\x00" is an empty sample
+    # and "\x12\x02\x10\x01" a sample whose one value is 1; field 6 is the string table.
+    def crafted(samples, sample: "\x12\x00".b, types: "".b)
+      Zlib.gzip(types + sample * samples, level: Zlib::BEST_COMPRESSION)
+    end
+
+    # One sample type, objects/count.
+    def one_type
+      "\x0a\x04\x08\x01\x10\x02".b + ["", "objects", "count"].map { |t| [0x32, t.bytesize].pack("CC") + t }.join
+    end
+
+    def with_limit(value)
+      saved = ENV["DATADOG_HEAP_MAX_PROFILE_BYTES"]
+      ENV["DATADOG_HEAP_MAX_PROFILE_BYTES"] = value
+      yield
+    ensure
+      ENV["DATADOG_HEAP_MAX_PROFILE_BYTES"] = saved
+    end
+
+    it "refuses a small file that would decode to more than the memory limit, naming the limit and how to raise it" do
+      bomb = crafted(10_000_000) # 20 MB of empty samples, about 20 kB of gzip
+      expect(bomb.bytesize).to be < 64 * 1024
+      with_limit(nil) do
+        expect { described_class.parse(bomb) }.to raise_error(DatadogHeap::Error) { |e|
+          expect(e.message).to start_with("profile is not a readable pprof profile (#{bomb.bytesize} bytes): pprof: reading " \
+            "this profile needs more memory than the limit of 1073741824 bytes: its 10000000 samples, 0 locations, " \
+            "0 functions and 0 strings take about ")
+          expect(e.message).to end_with("; to read it, set the environment variable DATADOG_HEAP_MAX_PROFILE_BYTES to a larger number of bytes")
+        }
+      end
+    end
+
+    it "refuses it before decoding it: the peak RSS of a process that reads it barely moves" do
+      skip "needs /proc/self/status (Linux)" unless File.readable?("/proc/self/status")
+      script = <<~'RUBY'
+        require "datadog_heap"
+        bytes = $stdin.binmode.read
+        begin
+          DatadogHeap::Profile.parse(bytes) if ARGV[0] == "parse"
+        rescue DatadogHeap::Error
+        end
+        puts File.read("/proc/self/status")[/^VmHWM:\s+(\d+) kB/, 1]
+      RUBY
+      bomb = crafted(10_000_000)
+      lib = File.expand_path("../lib", __dir__)
+      peak, base = %w[parse load].map do |mode|
+        out, err, status = Open3.capture3({"DATADOG_HEAP_MAX_PROFILE_BYTES" => nil}, RbConfig.ruby, "-I", lib, "-e", script,
+          mode, stdin_data: bomb, binmode: true)
+        expect(status).to be_success, err
+        Integer(out) * 1024
+      end
+      # The decompressed protobuf (20 MB); reading the 10M samples (the limit raised) peaks at 1.8 GB.
+      expect(peak - base).to be < 100 << 20
+    end
+
+    it "takes the limit from DATADOG_HEAP_MAX_PROFILE_BYTES" do
+      profile = crafted(100_000, sample: "\x12\x02\x10\x01".b, types: one_type)
+      expect(described_class.parse(profile).total_objects).to eq(100_000)
+      with_limit("1000000") do
+        expect { described_class.parse(profile) }
+          .to raise_error(DatadogHeap::Error, /needs more memory than the limit of 1000000 bytes: its 100000 samples, /)
+      end
+      with_limit("60_000_000") { expect(described_class.parse(profile).samples.size).to eq(100_000) }
+      with_limit("") { expect(described_class.parse(profile).samples.size).to eq(100_000) }
+      with_limit("1GB") do
+        expect { described_class.parse(profile) }.to raise_error(ArgumentError,
+          "DATADOG_HEAP_MAX_PROFILE_BYTES must be a positive whole number of bytes, such as 4294967296, got \"1GB\"")
+      end
+    end
+
     it "checks its arguments" do
       profile = described_class.parse(@rec.profile)
       expect { described_class.parse(nil) }.to raise_error(TypeError, "bytes must be a String, got nil (NilClass)")

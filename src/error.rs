@@ -66,6 +66,15 @@ example in a new Thread"
 
     #[error("pprof: {0}")]
     Pprof(String),
+
+    /// Reading a profile would take more memory than its limit (see
+    /// [`crate::pprof::max_profile_bytes`]); `what` says what did not fit.
+    #[error(
+        "pprof: reading this profile needs more memory than the limit of {limit} bytes: {what}; \
+to read it, set the environment variable {env} to a larger number of bytes",
+        env = crate::pprof::MAX_PROFILE_BYTES_ENV
+    )]
+    ProfileTooLarge { limit: u64, what: String },
 }
 
 impl HeapError {

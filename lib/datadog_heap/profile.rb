@@ -94,7 +94,8 @@ module DatadogHeap
       # Reads the profile at `path`: a String, a Pathname or another object with to_path (as
       # File.open takes them; not an IO: parse what it reads instead). Raises TypeError or
       # ArgumentError for a value that is no path, and DatadogHeap::Error naming the path and the
-      # reason when the file cannot be read or is not a pprof profile.
+      # reason when the file cannot be read, is not a pprof profile or would take more memory to
+      # read than the limit (see `parse`).
       def load(path)
         if IO === path
           raise TypeError, "path must be a path, not an IO, got #{Validate.describe(path)}; " \
@@ -110,7 +111,11 @@ module DatadogHeap
       end
 
       # Decodes a profile held in a String (e.g. Recorder#profile). `path` (nil, or what `load`
-      # takes) only names it in messages and #inspect.
+      # takes) only names it in messages and #inspect. Reading takes at most
+      # ENV["DATADOG_HEAP_MAX_PROFILE_BYTES"] bytes of memory (default 1 GiB, about a million
+      # samples): past it, DatadogHeap::Error names the limit and the variable, so a small file that
+      # decodes to a huge profile cannot exhaust memory. ArgumentError when the variable is set to
+      # something other than a number of bytes.
       def parse(bytes, path: nil)
         raise TypeError, "bytes must be a String, got #{Validate.describe(bytes)}" unless String === bytes
 

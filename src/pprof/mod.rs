@@ -27,18 +27,23 @@
 //! once per string reference (twice per frame of every sample), so the allocation hook seldom
 //! finds it busy. libdatadog's `Profile` stays the reference the tests compare against.
 
+mod budget;
 mod encode;
 mod read;
+mod scan;
 mod summary;
 mod uncertainty;
 
 #[cfg(test)]
 mod tests;
 
+pub use budget::{max_profile_bytes, DEFAULT_MAX_PROFILE_BYTES, MAX_PROFILE_BYTES_ENV};
 pub use encode::{
     encode_profile, encode_profile_retained, EncodeOptions, EncodedPprof, RetainedBy,
 };
-pub use read::{read_profile, ProfileData, SampleData, SampleType, SourceFrame, MAX_DECODED_BYTES};
+pub use read::{
+    read_profile, read_profile_with_limit, ProfileData, SampleData, SampleType, SourceFrame,
+};
 pub use summary::{
     diff_sites, diff_sites_with, is_app_frame, library_of, merge_profiles, row_key, top_sites,
     top_sites_with, AppRoot, GroupBy, Site, SiteDiff, SiteOptions, SortBy,

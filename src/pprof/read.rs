@@ -1,15 +1,30 @@
 //! Reading any pprof file back (ours, libdatadog's, Go's) into plain data for the CLI.
 //!
 //! Input is gzip, zstd or a raw protobuf, told apart by the first bytes. Malformed input of any
-//! kind is an `Err(HeapError::Pprof)` naming what was wrong, never a panic. Memory is bounded
-//! too: decompression stops at [`MAX_DECODED_BYTES`], and so does the text of the frames the
-//! stacks expand to (a location can have many lines and a sample can name a location many times,
-//! so a small file could otherwise ask for a huge amount).
+//! kind is an `Err(HeapError::Pprof)` naming what was wrong, never a panic.
+//!
+//! Memory is bounded, whatever the input: one read holds at most its limit for the profile
+//! ([`max_profile_bytes`]: the environment variable `DATADOG_HEAP_MAX_PROFILE_BYTES`, else
+//! [`DEFAULT_MAX_PROFILE_BYTES`], 1 GiB) and past it fails with `HeapError::ProfileTooLarge`,
+//! which names the limit and the variable. Each step charges what it will allocate before it
+//! allocates it (see `budget.rs`):
+//! - decompression stops before its buffer would pass the limit;
+//! - the protobuf is counted at the wire level (`scan.rs`), and what decoding it and the lists
+//!   and maps [`resolve`] makes from it will take is charged before anything is decoded: a file
+//!   of millions of empty samples, a few bytes each, is refused right after decompression;
+//! - while names are resolved, every string copied and every stack expanded is charged before
+//!   it is made (a location can have many lines, a sample can name a location many times, a
+//!   label can name a long string: a small file could otherwise ask for a huge amount).
+//!
+//! Outside the limit: the input itself, and the decompressor's own state (tens of KiB for gzip;
+//! for zstd, the window the frame asks for, at most the 128 MiB zstd allows by default).
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::hash::BuildHasherDefault;
-use std::io::Read;
+use std::io::{ErrorKind, Read};
+use std::mem::size_of;
 use std::sync::Arc;
 
 use flate2::read::MultiGzDecoder;
@@ -19,12 +34,17 @@ use rustc_hash::FxHasher;
 
 use crate::error::{HeapError, Result};
 
+use super::budget::{
+    alloc_cost, exact_vec_cost, map_cost, max_profile_bytes, text_cost, vecs_cost, MemoryBudget,
+    MALLOC_SLACK,
+};
+use super::scan::Shape;
 use super::{CLASS_LABEL, GEN_AGE_LABEL, LIVE_SAMPLES_TYPE, LIVE_SIZE_TYPE, RETAINED_BY_LABEL};
 
-type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+#[cfg(doc)]
+use super::budget::DEFAULT_MAX_PROFILE_BYTES;
 
-/// Largest decompressed profile accepted (1 GiB).
-pub const MAX_DECODED_BYTES: u64 = 1 << 30;
+type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
@@ -99,65 +119,163 @@ impl ProfileData {
     }
 }
 
-/// Reads a gzip, zstd or raw pprof protobuf.
+/// Reads a gzip, zstd or raw pprof protobuf, holding at most [`max_profile_bytes`] for it.
+/// `Err(InvalidArgument)` when that limit is set to something that is not a number of bytes.
 pub fn read_profile(bytes: &[u8]) -> Result<ProfileData> {
-    let raw = decompress(bytes)?;
-    let profile = pb::Profile::decode(&*raw).map_err(|e| {
+    read_profile_with_limit(bytes, max_profile_bytes()?)
+}
+
+/// [`read_profile`] holding at most `max_bytes` for the profile (see the module doc for what
+/// that covers), `Err(ProfileTooLarge)` past it.
+pub fn read_profile_with_limit(bytes: &[u8], max_bytes: u64) -> Result<ProfileData> {
+    let mut budget = MemoryBudget::new(max_bytes);
+    let raw = decompress(bytes, &mut budget)?;
+    let not_protobuf = |e: &dyn std::fmt::Display| {
         HeapError::Pprof(format!(
             "not a pprof protobuf ({} bytes after decompression): {e}",
             raw.len()
         ))
+    };
+    let shape = Shape::scan(&raw).map_err(|e| not_protobuf(&e))?;
+    let decoded = shape.decoded_bytes.saturating_add(resolved_bytes(&shape));
+    budget.spend(decoded, || {
+        format!(
+            "its {} samples, {} locations, {} functions and {} strings take about {} bytes \
+             decoded, besides the {} bytes of protobuf they are read from",
+            shape.samples,
+            shape.locations,
+            shape.functions,
+            shape.strings,
+            decoded,
+            raw.len()
+        )
     })?;
-    resolve(&profile, MAX_DECODED_BYTES)
+    let profile = decode(&raw, &shape).map_err(|e| not_protobuf(&e))?;
+    resolve(&profile, &mut budget)
 }
 
-/// [`read_profile`] with a smaller bound on expanded frames, so tests can reach it cheaply.
-#[cfg(test)]
-pub(super) fn read_profile_with_frame_budget(bytes: &[u8], budget: u64) -> Result<ProfileData> {
-    let profile = pb::Profile::decode(&*decompress(bytes)?)
-        .map_err(|e| HeapError::Pprof(format!("not a pprof protobuf: {e}")))?;
-    resolve(&profile, budget)
-}
-
-fn decompress(bytes: &[u8]) -> Result<Cow<'_, [u8]>> {
+fn decompress<'a>(bytes: &'a [u8], budget: &mut MemoryBudget) -> Result<Cow<'a, [u8]>> {
     if bytes.is_empty() {
         return Err(HeapError::Pprof("the input is empty (0 bytes)".into()));
     }
     if bytes.starts_with(&GZIP_MAGIC) {
-        return read_all(MultiGzDecoder::new(bytes), "gzip", bytes.len()).map(Cow::Owned);
+        let decoder = MultiGzDecoder::new(bytes);
+        return read_all(decoder, "gzip", bytes.len(), budget).map(Cow::Owned);
     }
     if bytes.starts_with(&ZSTD_MAGIC) {
         let decoder = zstd::stream::read::Decoder::with_buffer(bytes).map_err(|e| {
             HeapError::Pprof(format!("zstd decoder for {} bytes: {e}", bytes.len()))
         })?;
-        return read_all(decoder, "zstd", bytes.len()).map(Cow::Owned);
+        return read_all(decoder, "zstd", bytes.len(), budget).map(Cow::Owned);
     }
     Ok(Cow::Borrowed(bytes))
 }
 
-fn read_all(reader: impl Read, format: &str, input_len: usize) -> Result<Vec<u8>> {
+/// Reads `reader` to its end into a buffer that grows as a `Vec` does but never past what
+/// `budget` has left, and charges it.
+fn read_all(
+    mut reader: impl Read,
+    format: &str,
+    input_len: usize,
+    budget: &mut MemoryBudget,
+) -> Result<Vec<u8>> {
+    let most = usize::try_from(budget.left().saturating_sub(MALLOC_SLACK)).unwrap_or(usize::MAX);
     let mut out = Vec::new();
-    reader
-        .take(MAX_DECODED_BYTES + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| {
-            HeapError::Pprof(format!(
-                "{format} input of {input_len} bytes is corrupt or truncated \
-                 (after {} decompressed bytes): {e}",
-                out.len()
-            ))
-        })?;
-    if out.len() as u64 > MAX_DECODED_BYTES {
-        return Err(HeapError::Pprof(format!(
-            "{format} input of {input_len} bytes decompresses to more than \
-             {MAX_DECODED_BYTES} bytes"
-        )));
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        let n = match reader.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => {
+                return Err(HeapError::Pprof(format!(
+                    "{format} input of {input_len} bytes is corrupt or truncated \
+                     (after {} decompressed bytes): {e}",
+                    out.len()
+                )))
+            }
+        };
+        let len = out.len().saturating_add(n);
+        if len > most {
+            return Err(budget.exceeded(format!(
+                "its {input_len} bytes of {format} decompress to more than {most} bytes"
+            )));
+        }
+        if len > out.capacity() {
+            let capacity = len.max(out.capacity().saturating_mul(2)).min(most);
+            out.reserve_exact(capacity - out.len());
+        }
+        out.extend_from_slice(&chunk[..n]);
     }
+    out.shrink_to_fit();
+    budget.spend(alloc_cost(out.len() as u64), || {
+        format!(
+            "its {input_len} bytes of {format} decompress to {} bytes",
+            out.len()
+        )
+    })?;
     Ok(out)
 }
 
-/// Turns ids and string indexes into names, checking every reference.
-fn resolve(profile: &pb::Profile, frame_budget: u64) -> Result<ProfileData> {
+/// Decodes `raw`, whose shape `scan` counted, with the top-level lists reserved to those counts
+/// so that they take what was charged for them.
+fn decode(raw: &[u8], shape: &Shape) -> Result<pb::Profile, prost::DecodeError> {
+    let mut profile = pb::Profile::default();
+    profile.sample_types.reserve_exact(shape.sample_types);
+    profile.samples.reserve_exact(shape.samples);
+    profile.mappings.reserve_exact(shape.mappings);
+    profile.locations.reserve_exact(shape.locations);
+    profile.functions.reserve_exact(shape.functions);
+    profile.string_table.reserve_exact(shape.strings);
+    profile.comment.reserve_exact(shape.comments);
+    profile.merge(raw)?;
+    Ok(profile)
+}
+
+/// A location's frames, innermost first, and the bytes of their names (what copying them into
+/// a stack costs besides the frames themselves).
+struct Location {
+    frames: Vec<SourceFrame>,
+    text: u64,
+}
+
+/// The longest name of an unsymbolized frame: `0x` and 16 hex digits.
+const ADDRESS_NAME_BYTES: usize = 18;
+
+/// What [`resolve`] allocates in proportion to the counts of `shape`, before it copies a string
+/// or expands a stack: the maps from ids, each location's frames, the result's sample types,
+/// samples (with their values) and comments. Charged together with the decoding.
+fn resolved_bytes(shape: &Shape) -> u64 {
+    [
+        map_cost(shape.functions, size_of::<(u64, (&str, &str))>()),
+        map_cost(shape.locations, size_of::<(u64, Location)>()),
+        vecs_cost(
+            shape.locations,
+            shape.lines.saturating_add(shape.locations_without_lines),
+            size_of::<SourceFrame>(),
+        ),
+        map_cost(shape.samples, size_of::<(&[u64], Arc<[SourceFrame]>)>()),
+        exact_vec_cost(shape.sample_types, size_of::<SampleType>()),
+        exact_vec_cost(shape.samples, size_of::<SampleData>()),
+        vecs_cost(shape.samples_with_values, shape.values, size_of::<i64>()),
+        exact_vec_cost(shape.comments, size_of::<String>()),
+    ]
+    .into_iter()
+    .fold(0, u64::saturating_add)
+}
+
+/// A copy of `text`, charged to `budget`; `what` names whose text it is, for the error.
+fn copy_text(budget: &mut MemoryBudget, text: &str, what: &str) -> Result<String> {
+    budget.spend(text_cost(text), || {
+        format!("copies of the text {what} name do not fit")
+    })?;
+    Ok(text.to_owned())
+}
+
+/// Turns ids and string indexes into names, checking every reference. The containers it makes
+/// in proportion to the profile's counts were charged already ([`resolved_bytes`]); it charges
+/// each string it copies and each stack it expands to `budget`.
+fn resolve(profile: &pb::Profile, budget: &mut MemoryBudget) -> Result<ProfileData> {
     let table = &profile.string_table;
     let text = |index: i64, what: &dyn Fn() -> String| -> Result<&str> {
         if index == 0 {
@@ -175,35 +293,37 @@ fn resolve(profile: &pb::Profile, frame_budget: u64) -> Result<ProfileData> {
                 ))
             })
     };
-    let value_type = |t: &pb::ValueType, what: &str| -> Result<SampleType> {
+    let mut value_type = |t: &pb::ValueType, what: &str| -> Result<SampleType> {
+        let name = text(t.r#type, &|| what.to_owned())?;
+        let unit = text(t.unit, &|| what.to_owned())?;
         Ok(SampleType {
-            name: text(t.r#type, &|| what.to_owned())?.to_owned(),
-            unit: text(t.unit, &|| what.to_owned())?.to_owned(),
+            name: copy_text(budget, name, "its sample types")?,
+            unit: copy_text(budget, unit, "its sample types")?,
         })
     };
 
-    let sample_types = profile
-        .sample_types
-        .iter()
-        .enumerate()
-        .map(|(i, t)| value_type(t, &format!("sample type {i}")))
-        .collect::<Result<Vec<_>>>()?;
+    let mut sample_types = Vec::with_capacity(profile.sample_types.len());
+    for (i, t) in profile.sample_types.iter().enumerate() {
+        sample_types.push(value_type(t, &format!("sample type {i}"))?);
+    }
     let period_type = profile
         .period_type
         .as_ref()
         .map(|t| value_type(t, "the period type"))
         .transpose()?;
 
-    let mut functions: FxMap<u64, (&str, &str)> = FxMap::default();
+    let mut functions: FxMap<u64, (&str, &str)> =
+        FxMap::with_capacity_and_hasher(profile.functions.len(), Default::default());
     for f in &profile.functions {
         let what = || format!("function {}", f.id);
         functions.insert(f.id, (text(f.name, &what)?, text(f.filename, &what)?));
     }
 
-    let mut budget = FrameBudget(frame_budget, frame_budget);
-    let mut locations: FxMap<u64, Vec<SourceFrame>> = FxMap::default();
+    let mut locations: FxMap<u64, Location> =
+        FxMap::with_capacity_and_hasher(profile.locations.len(), Default::default());
     for location in &profile.locations {
         let mut frames = Vec::with_capacity(location.lines.len().max(1));
+        let mut text = 0u64;
         // Several lines mean inlined calls: the first is innermost, the last the caller.
         for line in &location.lines {
             let Some(&(name, filename)) = functions.get(&line.function_id) else {
@@ -212,25 +332,34 @@ fn resolve(profile: &pb::Profile, frame_budget: u64) -> Result<ProfileData> {
                     location.id, line.function_id
                 )));
             };
-            budget.spend(name, filename)?;
-            frames.push(SourceFrame {
-                name: name.to_owned(),
-                filename: filename.to_owned(),
+            let frame = SourceFrame {
+                name: copy_text(budget, name, "the frames of its locations")?,
+                filename: copy_text(budget, filename, "the frames of its locations")?,
                 line: line.line,
-            });
+            };
+            text = text.saturating_add(text_cost(name) + text_cost(filename));
+            frames.push(frame);
         }
         if frames.is_empty() {
             // An unsymbolized address: show it rather than drop the frame.
+            let cost = alloc_cost(ADDRESS_NAME_BYTES as u64);
+            budget.spend(cost, || {
+                "the names of its unsymbolized locations do not fit".to_owned()
+            })?;
+            let mut name = String::with_capacity(ADDRESS_NAME_BYTES);
+            let _ = write!(name, "0x{:x}", location.address);
+            text = cost;
             frames.push(SourceFrame {
-                name: format!("0x{:x}", location.address),
+                name,
                 filename: String::new(),
                 line: 0,
             });
         }
-        locations.insert(location.id, frames);
+        locations.insert(location.id, Location { frames, text });
     }
 
-    let mut stacks: FxMap<&[u64], Arc<[SourceFrame]>> = FxMap::default();
+    let mut stacks: FxMap<&[u64], Arc<[SourceFrame]>> =
+        FxMap::with_capacity_and_hasher(profile.samples.len(), Default::default());
     let mut samples = Vec::with_capacity(profile.samples.len());
     for (i, sample) in profile.samples.iter().enumerate() {
         if sample.values.len() != sample_types.len() {
@@ -243,19 +372,7 @@ fn resolve(profile: &pb::Profile, frame_budget: u64) -> Result<ProfileData> {
         let frames = match stacks.get(sample.location_ids.as_slice()) {
             Some(frames) => frames.clone(),
             None => {
-                let mut frames = Vec::with_capacity(sample.location_ids.len());
-                for id in &sample.location_ids {
-                    let Some(location) = locations.get(id) else {
-                        return Err(HeapError::Pprof(format!(
-                            "sample {i} refers to location {id}, which the profile does not define"
-                        )));
-                    };
-                    for frame in location {
-                        budget.spend(&frame.name, &frame.filename)?;
-                    }
-                    frames.extend_from_slice(location);
-                }
-                let frames: Arc<[SourceFrame]> = frames.into();
+                let frames = expand_stack(i, &sample.location_ids, &locations, budget)?;
                 stacks.insert(&sample.location_ids, frames.clone());
                 frames
             }
@@ -267,11 +384,13 @@ fn resolve(profile: &pb::Profile, frame_budget: u64) -> Result<ProfileData> {
             let what = || format!("a label of sample {i}");
             match text(label.key, &what)? {
                 CLASS_LABEL if label.str != 0 => {
-                    class = Some(text(label.str, &what)?.to_owned());
+                    let name = text(label.str, &what)?;
+                    class = Some(copy_text(budget, name, "its labels")?);
                 }
                 GEN_AGE_LABEL => gen_age = Some(label.num),
                 RETAINED_BY_LABEL if label.str != 0 => {
-                    retained_by = Some(text(label.str, &what)?.to_owned());
+                    let path = text(label.str, &what)?;
+                    retained_by = Some(copy_text(budget, path, "its labels")?);
                 }
                 _ => {}
             }
@@ -285,9 +404,11 @@ fn resolve(profile: &pb::Profile, frame_budget: u64) -> Result<ProfileData> {
         });
     }
 
-    let comments = (profile.comment.iter())
-        .map(|&index| text(index, &|| "a comment".to_owned()).map(str::to_owned))
-        .collect::<Result<_>>()?;
+    let mut comments = Vec::with_capacity(profile.comment.len());
+    for &index in &profile.comment {
+        let comment = text(index, &|| "a comment".to_owned())?;
+        comments.push(copy_text(budget, comment, "its comments")?);
+    }
     Ok(ProfileData {
         sample_types,
         period_type,
@@ -299,18 +420,41 @@ fn resolve(profile: &pb::Profile, frame_budget: u64) -> Result<ProfileData> {
     })
 }
 
-/// Bytes the expanded frames may still take, out of the limit they started with.
-struct FrameBudget(u64, u64);
-
-impl FrameBudget {
-    fn spend(&mut self, name: &str, filename: &str) -> Result<()> {
-        let cost = (std::mem::size_of::<SourceFrame>() + name.len() + filename.len()) as u64;
-        self.0 = self.0.checked_sub(cost).ok_or_else(|| {
-            HeapError::Pprof(format!(
-                "the profile's stacks expand to more than {} bytes of frames",
-                self.1
-            ))
-        })?;
-        Ok(())
+/// The frames of the stack `location_ids` names (sample `sample`'s), innermost first, charged to
+/// `budget` before they are made: collected in a `Vec`, then moved into the shared `Arc` (the
+/// `Vec`'s charge is given back once it is freed).
+fn expand_stack(
+    sample: usize,
+    location_ids: &[u64],
+    locations: &FxMap<u64, Location>,
+    budget: &mut MemoryBudget,
+) -> Result<Arc<[SourceFrame]>> {
+    let (mut count, mut text) = (0usize, 0u64);
+    for id in location_ids {
+        let Some(location) = locations.get(id) else {
+            return Err(HeapError::Pprof(format!(
+                "sample {sample} refers to location {id}, which the profile does not define"
+            )));
+        };
+        count = count.saturating_add(location.frames.len());
+        text = text.saturating_add(location.text);
     }
+    let bytes = (count as u64).saturating_mul(size_of::<SourceFrame>() as u64);
+    // The Arc's two counts precede the frames.
+    let arc = bytes.saturating_add(2 * size_of::<usize>() as u64);
+    let cost = alloc_cost(bytes)
+        .saturating_add(alloc_cost(arc))
+        .saturating_add(text);
+    budget.spend(cost, || {
+        format!("its stacks expand to more frames than fit (sample {sample}'s has {count})")
+    })?;
+    let mut frames = Vec::with_capacity(count);
+    for id in location_ids {
+        if let Some(location) = locations.get(id) {
+            frames.extend_from_slice(&location.frames);
+        }
+    }
+    let frames: Arc<[SourceFrame]> = frames.into();
+    budget.give_back(alloc_cost(bytes));
+    Ok(frames)
 }

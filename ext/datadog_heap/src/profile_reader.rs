@@ -7,8 +7,9 @@
 //! them into Structs and holds the keyword arguments and validation.
 //!
 //! All natives run with the GVL, may allocate and may raise (`DatadogHeap::Error` for a profile
-//! that does not decode or profiles that cannot be summed, `ArgumentError` for a bad sort key or
-//! grouping, `TypeError` for a merge list holding something other than profiles). None is reachable from the
+//! that does not decode, would take more memory than `DATADOG_HEAP_MAX_PROFILE_BYTES` to read, or
+//! cannot be summed with others, `ArgumentError` for a bad sort key or grouping or a limit that is
+//! not a number of bytes, `TypeError` for a merge list holding something other than profiles). None is reachable from the
 //! allocation hook or a GC callback.
 
 use std::collections::HashMap;
@@ -158,7 +159,9 @@ fn total(data: &ProfileData, at: Option<usize>) -> Option<i64> {
 }
 
 impl Profile {
-    /// `Profile._native_parse(bytes)` -> a Profile. `bytes` is a gzip, zstd or raw pprof.
+    /// `Profile._native_parse(bytes)` -> a Profile. `bytes` is a gzip, zstd or raw pprof. Reading
+    /// holds at most the limit `DATADOG_HEAP_MAX_PROFILE_BYTES` sets (1 GiB by default) besides
+    /// `bytes`; past it `DatadogHeap::Error` names the limit and the variable (see `read_profile`).
     fn parse(ruby: &Ruby, class: RClass, bytes: RString) -> Result<Obj<Profile>, Error> {
         guarded(ruby, || {
             let bytes = crate::shims::string_bytes(bytes);

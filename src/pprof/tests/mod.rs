@@ -3,6 +3,7 @@
 mod fuzz;
 mod libdd;
 mod malformed;
+mod memory;
 mod retained;
 mod summary;
 mod uncertainty;
