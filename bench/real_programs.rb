@@ -23,7 +23,8 @@ require_relative "support"
 require_relative "lib/real_programs"
 require "tmpdir"
 
-SAMPLE_EVERYS = Bench.pick([64, 1024], [64])
+# REAL_PROGRAMS_EVERY=64 and REAL_PROGRAMS_ONLY=rubocop narrow the run.
+SAMPLE_EVERYS = ENV["REAL_PROGRAMS_EVERY"]&.split(",")&.map { |e| Integer(e, 10) } || Bench.pick([64, 1024], [64])
 RUNS = Integer(ENV.fetch("RUNS", "1"))
 PROGRAMS = RealPrograms.programs(posts: Bench.pick(300, 15), rubocop_dirs: Bench.pick(%w[net uri csv], %w[optparse]))
 
@@ -51,6 +52,7 @@ worst = []
 per_site = []
 found = []
 PROGRAMS.each do |name, program|
+  next if ENV["REAL_PROGRAMS_ONLY"] && !ENV["REAL_PROGRAMS_ONLY"].split(",").include?(name.to_s)
   unless RealPrograms.installed?(name)
     puts "#{name}: skipped, not installed (apt-get install #{name})"
     next
