@@ -14,8 +14,9 @@
 //! signals the owner itself: the kernel thread id the VM keeps in the owner's struct (`tid`, what
 //! `Thread#native_thread_id` answers) is found the same way, the one 32-bit field of the thread's
 //! struct holding the thread's own id in both threads. Where the probe finds either not exactly
-//! once (a layout we have not seen: Ruby 3.2 keeps the id one pointer further), nothing asks for
-//! the owner, the handler is not installed, and the window timer is a Ruby thread.
+//! once (a layout we have not seen, such as 3.2's if it keeps the id behind a pointer: no machine
+//! here runs 3.2), nothing asks for the owner, the handler is not installed, and the window timer
+//! is a Ruby thread.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
