@@ -40,8 +40,8 @@ pub use encode::{
 };
 pub use read::{read_profile, ProfileData, SampleData, SampleType, SourceFrame, MAX_DECODED_BYTES};
 pub use summary::{
-    diff_sites, diff_sites_with, is_app_frame, library_of, merge_profiles, row_key, top_sites,
-    top_sites_with, AppRoot, GroupBy, Site, SiteDiff, SiteOptions, SortBy,
+    diff_sites, diff_sites_with, is_app_frame, library_of, merge_profiles, row_key, short_path,
+    top_sites, top_sites_with, AppRoot, GroupBy, Site, SiteDiff, SiteOptions, SortBy,
 };
 pub use uncertainty::SIGNIFICANT_SDS;
 
