@@ -18,14 +18,15 @@ module DatadogHeap
     module_function
 
     # Writes the page for `trends` (Profile.trend of `profiles`) to `path`; at most `top` charts,
-    # growing sites first. Returns the path.
-    def write(path, profiles, trends, top: 12)
+    # growing sites first; files shown as `paths` (a CLI::Paths) shows them (nil: as they are).
+    # Returns the path.
+    def write(path, profiles, trends, top: 12, paths: nil)
       path = Validate.path!(:path, path)
-      File.write(path, page(profiles, trends, top: top))
+      File.write(path, page(profiles, trends, top: top, paths: paths))
       path
     end
 
-    def page(profiles, trends, top: 12)
+    def page(profiles, trends, top: 12, paths: nil)
       shown = trends.first(top)
       counts = Trend::VERDICTS.map { |v| "#{trends.count { |t| t.verdict == v }} #{v}" }.join(", ")
       times = profiles.map(&:end_time).compact.sort
@@ -53,19 +54,21 @@ module DatadogHeap
         #{trends.size} sites: #{h(counts)}. Showing #{shown.size}, growing first. Points: live #{trends.first&.unit || "bytes"}
         in each profile, bars ±2σ sampling error, dashed: the fitted line.</p>
         <div class="grid">
-        #{shown.map { |t| card(t) }.join("\n")}
+        #{shown.map { |t| card(t, paths) }.join("\n")}
         </div>
         </body>
         </html>
       HTML
     end
 
-    def card(trend)
+    def card(trend, paths = nil)
       color = COLORS.fetch(trend.verdict)
       slope = trend.unit == :bytes ? "#{signed_bytes(trend.slope.to_f)}/min" : format("%+.1f objects/min", trend.slope.to_f)
+      # Whatever the group: only a label that starts with the site's file is shortened.
+      label = paths ? paths.label(trend, :site) : trend.label
       <<~HTML.chomp
         <div class="card">
-        <h2>#{h(trend.label)}#{trend.class_name ? " <span class=\"meta\">(#{h(trend.class_name)})</span>" : ""}</h2>
+        <h2 title="#{h(trend.label)}">#{h(label)}#{trend.class_name ? " <span class=\"meta\">(#{h(trend.class_name)})</span>" : ""}</h2>
         <p class="meta"><span class="verdict" style="background:#{color}">#{trend.verdict}</span>
         #{h(slope)}, confidence #{format("%.1f%%", trend.confidence * 100)},
         samples #{h("#{trend.samples.first} → #{trend.samples.last}")}#{trend.note ? " (#{h(trend.note)})" : ""}</p>
