@@ -95,6 +95,13 @@ module DatadogHeap
       nil
     end
 
+    # Writes the page `datadog-heap report --html` writes for `profile` to this CLI's `out`; the
+    # options as for #write_report.
+    def write_html_report(profile, top: DEFAULT_TOP, by: :size, group: :site, app_root: Dir.pwd, wide: false)
+      @out.write(report_page(profile, {top: top, by: by, group: group, app_root: app_root, wide: wide}))
+      nil
+    end
+
     private
 
     def main_help

@@ -3,14 +3,15 @@
 module DatadogHeap
   class CLI
     # `datadog-heap report FILE...`: the top sites of a profile (or of several, summed) as a text
-    # table. The endpoint's ?report=1 comes here too (CLI#write_report).
+    # table, or with --html as one self-contained page (DatadogHeap::ReportHtml). The endpoint's
+    # ?report=1 and ?html=1 come here too (CLI#write_report, CLI#write_html_report).
     module ReportCommand
       private
 
       def report_parser(options)
         OptionParser.new do |p|
           p.banner = "Usage: datadog-heap report FILE... [--top N] [--by size|count] [--group KIND] [--app-root DIR] " \
-            "[--wide]"
+            "[--wide] [--html [--out PATH]]"
           p.separator ""
           p.separator "The allocation sites holding the most live memory in the profile FILE, or in the sum of"
           p.separator "several (one per forked worker, say): live bytes, live objects, share of the total, class,"
@@ -23,6 +24,10 @@ module DatadogHeap
           p.separator "app root relative to it) and rows cut with … to fit the terminal (#{Paths::DEFAULT_WIDTH} columns when"
           p.separator "stdout is not one); --wide shows full paths, uncut."
           p.separator ""
+          p.separator "With --html, one self-contained HTML page instead (no network, no script): a flame graph"
+          p.separator "of live bytes by stack, the top sites, the top classes, the profile's facts and notes. Given"
+          p.separator "several FILEs it shows the latest one, with the trend charts of all of them below."
+          p.separator ""
           p.separator "Options:"
           top_option(p, options)
           p.on("--by KEY", %w[size count], "rank by live bytes (size, the default) or live objects (count)") do |key|
@@ -31,6 +36,14 @@ module DatadogHeap
           grouping_options(p, options)
           display_options(p, options)
           p.on("--why", "also print each site's retainer paths (see `datadog-heap why`)") { options[:why] = true }
+          p.on("--html", "write an HTML page (to stdout, or to --out PATH) instead of the text report") do
+            options[:html] = true
+          end
+          p.on("--out PATH", "with --html: where the page goes (default: stdout)") do |path|
+            raise OptionParser::InvalidArgument, "--out must not be empty" if path.empty?
+
+            options[:out] = path
+          end
           common_options(p, options)
         end
       end
@@ -39,9 +52,52 @@ module DatadogHeap
         options = {top: DEFAULT_TOP, by: :size}
         return EXIT_OK if parse(report_parser(options), argv, options)
         raise UsageError, "report needs at least one profile FILE, got 0 arguments" if argv.empty?
+        raise UsageError, "--out PATH writes the HTML page: it needs --html" if options[:out] && !options[:html]
+        raise UsageError, "--why is for the text report: the HTML page has no retainer paths" if options[:why] && options[:html]
+
+        return html_report(argv, options) if options[:html]
 
         report(load_profiles(argv), options)
         EXIT_OK
+      end
+
+      # `report --html`: the page of the only profile, or of the latest of several with their
+      # trend below (the trend is left out, saying why, when they cannot make one: two with the
+      # same time, say).
+      def html_report(argv, options)
+        profiles = argv.map { |path| load_profile(path) }
+        latest = profiles.each_with_index.max_by { |profile, i| [profile.end_time || -Float::INFINITY, i] }.first
+        series = nil
+        if profiles.size > 1
+          series = begin
+            {profiles: profiles, trends: Profile.trend(profiles, **grouping(options))}
+          rescue DatadogHeap::Error => e
+            {profiles: profiles, error: e.message}
+          end
+        end
+        page = report_page(latest, options, series)
+        if options[:out]
+          path = Validate.path!(:out, options[:out])
+          File.write(path, page)
+          @out.puts("wrote #{path}")
+        else
+          @out.write(page)
+        end
+        EXIT_OK
+      end
+
+      # The page for `profile` (see ReportHtml.page); `series` as html_report makes it, or nil.
+      def report_page(profile, options, series = nil)
+        require_relative "../report_html"
+        group = grouping(options)
+        by = profile.sizes? ? options.fetch(:by, :size) : :count
+        paths = paths(options)
+        top = options.fetch(:top, DEFAULT_TOP)
+        sites = profile.top(2**62 - 1, by: by, **group)
+        classes = profile.top(2**62 - 1, by: by, group: :class, app_root: group[:app_root])
+        ReportHtml.page(profile, paths: paths, by: by, series: series,
+          sites: site_table(profile, sites.first(top), group[:group], paths).merge(count: sites.size, noun: group[:group].to_s),
+          classes: site_table(profile, classes.first(top), :class, paths).merge(count: classes.size, noun: "class"))
       end
 
       def report(profile, options)
@@ -71,11 +127,17 @@ module DatadogHeap
         why_section(profile, options) if options[:why]
       end
 
-      # The report's table of `shown` (Sites of `kind`): {headers:, rows:, aligns:, cut:}, `cut`
-      # the columns a narrow terminal may shorten (the site and its caller). Cells are Strings,
-      # not yet escaped.
+      # The report's table of `shown` (Sites of `kind`): {headers:, rows:, aligns:, cut:, titles:,
+      # rough:}, `cut` the columns a narrow terminal may shorten (the site and its caller),
+      # `titles` per row the full text of the cells shown shortened (nil where none is), `rough`
+      # per row Site#rough?. Cells are Strings, not yet escaped. The HTML page shows the same cells.
       def site_table(profile, shown, kind, paths)
         callers = kind == :site && shown.any?(&:called_from)
+        titles = shown.map do |s|
+          title = [s.label]
+          title << s.called_from if callers
+          title
+        end
         rows = shown.map do |s|
           rough = s.rough? ? "~" : ""
           row = if profile.sizes?
@@ -94,7 +156,9 @@ module DatadogHeap
         headers += ["median age", kind.to_s]
         headers << "called from" if callers
         cut = callers ? [headers.size - 2, headers.size - 1] : [headers.size - 1]
-        {headers: headers, rows: rows, aligns: "rrrrr#{"l" if kind == :site}rll", cut: cut}
+        titles = titles.map { |full| Array.new(headers.size - full.size) + full }
+        {headers: headers, rows: rows, aligns: "rrrrr#{"l" if kind == :site}rll", cut: cut, titles: titles,
+         rough: shown.map(&:rough?)}
       end
 
       # "±1.2 MiB" (the block formats the standard deviation), or "n/a" when it is unknown.
