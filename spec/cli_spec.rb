@@ -118,17 +118,25 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       expect(out).to match(/^live bytes +± +live objects  samples  share  class +median age  site +called from$/)
       table = rows(out, "live bytes")
       expect(table.size).to eq(3)
-      expect(table[0]).to match(%r{\A\s*39\.\d KiB\s+±0 B\s+4\s+4\s+\d\d\.\d%\s+String\s+\d+\s+/app/leaky_cache\.rb:17 in LeakyCache#remember\z})
+      # Files under the app root are shown relative to it, Ruby's library as `stdlib PATH`.
+      expect(table[0]).to match(%r{\A\s*39\.\d KiB\s+±0 B\s+4\s+4\s+\d\d\.\d%\s+String\s+\d+\s+leaky_cache\.rb:17 in LeakyCache#remember\z})
       # The json site is in the standard library: the app frame that called it is the second column.
-      expect(table[1]).to match(%r{\A\s*[\d.]+ KiB\s+±0 B\s+3\s+3\s+\d+\.\d%\s+String\s+\d+\s+/usr/lib/ruby/3\.1\.0/json/common\.rb:216 in JSON::Ext::Parser#parse\s+/app/api\.rb:9 in Api#decode\z})
-      expect(table[2]).to match(%r{\A\s*3\.1 KiB\s+±358 B\s+80\s+40\s+\d+\.\d%\s+Buffer::Chunk\s+\d+\s+/app/buffer\.rb:8 in Buffer#push\z})
+      expect(table[1]).to match(%r{\A\s*[\d.]+ KiB\s+±0 B\s+3\s+3\s+\d+\.\d%\s+String\s+\d+\s+stdlib json/common\.rb:216 in JSON::Ext::Parser#parse\s+api\.rb:9 in Api#decode\z})
+      expect(table[2]).to match(%r{\A\s*3\.1 KiB\s+±358 B\s+80\s+40\s+\d+\.\d%\s+Buffer::Chunk\s+\d+\s+buffer\.rb:8 in Buffer#push\z})
+
+      # --wide: the paths as the profile holds them.
+      out, err, code = cli_in_process("report", path, "--app-root", "/app/", "--wide")
+      expect([err, code]).to eq(["", 0])
+      wide = rows(out, "live bytes")
+      expect(wide[0]).to end_with("  /app/leaky_cache.rb:17 in LeakyCache#remember")
+      expect(wide[1]).to end_with("  /usr/lib/ruby/3.1.0/json/common.rb:216 in JSON::Ext::Parser#parse  /app/api.rb:9 in Api#decode")
 
       # The default app root is the current directory, which holds none of these files: no
       # called-from column at all.
       out, err, code = cli_in_process("report", path)
       expect([err, code]).to eq(["", 0])
       expect(out).not_to include("called from")
-      expect(rows(out, "live bytes")[1]).to match(%r{String\s+\d+  /usr/lib/ruby/3\.1\.0/json/common\.rb:216 in JSON::Ext::Parser#parse\z})
+      expect(rows(out, "live bytes")[1]).to match(%r{String\s+\d+  stdlib json/common\.rb:216 in JSON::Ext::Parser#parse\z})
     end
 
     it "ranks by live objects with --by count, and shows --top N rows" do
@@ -155,12 +163,11 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       out, table = group.call("--group", "file")
       expect(out).to include("at 4 files", "Top 4 of 4 files by live bytes:")
       expect(out).to match(/^live bytes +± +live objects  samples  share  median age  file$/)
-      expect(table.map(&:last)).to eq(["/app/leaky_cache.rb", "/usr/lib/ruby/3.1.0/json/common.rb", "/app/buffer.rb",
-        "/srv/vendor/bundle/ruby/3.1.0/gems/rack-3.0.8/lib/rack/utils.rb"])
+      expect(table.map(&:last)).to eq(["leaky_cache.rb", "stdlib json/common.rb", "buffer.rb", "rack-3.0.8 rack/utils.rb"])
       expect(table.map(&:first)).to eq(%w[5 3 80 2]) # live objects
 
       _, table = group.call("--group", "location", "--top", "2")
-      expect(table.map(&:last)).to eq(["/app/leaky_cache.rb:17 in LeakyCache#remember", "/app/leaky_cache.rb:18 in LeakyCache#remember"])
+      expect(table.map(&:last)).to eq(["leaky_cache.rb:17 in LeakyCache#remember", "leaky_cache.rb:18 in LeakyCache#remember"])
 
       out, table = group.call("--group", "gem")
       expect(out).to include("at 3 gems")
@@ -295,8 +302,10 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
         "2 profiles summed (#{worker1_new}, #{worker2_new}): live bytes ")
       expect(out).to include("2 of 2 sites grew, 2 beyond their noise (|growth| > 2 sd):")
       table = rows(out, "growth")
-      expect(table[0]).to match(%r{\A\s*\+[\d.]+ KiB\s+±0 B\s+\+13[23]\.\d%\s+[\d.]+ KiB\s+[\d.]+ KiB\s+\+4\s+3 -> 7\s+yes\s+String\s+/app/leaky_cache\.rb:17 in LeakyCache#remember\z})
-      expect(table[1]).to match(%r{\A\s*\+[\d.]+ KiB\s+±0 B\s+new\s+0 B\s+[\d.]+ KiB\s+\+2\s+0 -> 2\s+yes\s+String\s+/usr/lib/ruby/3\.1\.0/json/common\.rb:216 in JSON::Ext::Parser#parse\s+/app/api\.rb:9 in Api#decode\z})
+      expect(table[0]).to match(%r{\A\s*\+[\d.]+ KiB\s+±0 B\s+\+13[23]\.\d%\s+[\d.]+ KiB\s+[\d.]+ KiB\s+\+4\s+3 -> 7\s+yes\s+String\s+leaky_cache\.rb:17 in LeakyCache#remember\z})
+      # This table is wider than 160 columns: the json site's end is cut (…) to fit, its file:line kept.
+      expect(table[1]).to match(%r{\A\s*\+[\d.]+ KiB\s+±0 B\s+new\s+0 B\s+[\d.]+ KiB\s+\+2\s+0 -> 2\s+yes\s+String\s+stdlib json/common\.rb:216 in JSON::Ext::Pars…  api\.rb:9 in Api#decode\z})
+      expect(table[1].size).to eq(160)
 
       out, err, code = cli_in_process("diff", worker1, "--", worker1_new, worker2_new, "--group", "gem")
       expect([err, code]).to eq(["", 0])
@@ -328,16 +337,20 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       rec = recorder_with(CliSpecEvilCache::CACHE.map { |o| [o, site, 1, klass] })
       new = rec.write_profile(File.join(dir, "new.pb.gz"), retainers: true)
 
+      # Cut to fit (the escaped names are long) and in full with --wide.
       [["report", new], ["report", new, "--why"], ["diff", old, new], ["trend", old, new], ["why", new]].each do |args|
-        out, err, code = cli_in_process(*args)
-        expect(code).to eq(0), "#{args.first}: #{err}"
-        expect(out + err).not_to match(raw_control), "#{args.join(" ")} printed a control character:\n#{(out + err).inspect}"
-        expect(out).to include("Evil#{shown}#run").and(include("Klass\\u009B31m\\x7F#{shown}")), args.join(" ")
+        [args, args + ["--wide"]].each do |argv|
+          out, err, code = cli_in_process(*argv)
+          expect(code).to eq(0), "#{argv.first}: #{err}"
+          expect(out + err).not_to match(raw_control), "#{argv.join(" ")} printed a control character:\n#{(out + err).inspect}"
+          expect(out).to include("Klass\\u009B31m\\x7F#{shown}"), argv.join(" ")
+          expect(out).to include("Evil#{shown}#run"), argv.join(" ") if argv.include?("--wide")
+        end
       end
       expect(cli_in_process("why", new)[0]).to include("constant CliSpecEvilCache::CACHE (Array)")
 
       io = StringIO.new
-      DatadogHeap::CLI.new(out: io).write_report(DatadogHeap::Profile.load(new))
+      DatadogHeap::CLI.new(out: io).write_report(DatadogHeap::Profile.load(new), wide: true)
       expect(io.string).not_to match(raw_control)
       expect(io.string).to include("/app/evil#{shown}.rb:7")
     end
@@ -370,8 +383,10 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       # sampled about 1 run in 64, and then stands for 64 Arrays as big as itself (8 bytes per kept
       # string, 64 times over: more than the strings). Only that one sampled Array may come first.
       # The script is under the current directory, the default app root: no called-from.
-      leak_row = /\A\s*[\d.]+ [KM]iB\s+±[\d.]+ (?:[KM]i)?B\s+\d+\s+\d+\s+\d+\.\d%\s+String\s+\d+\s+#{Regexp.escape(script)}:#{leak_line} in LeakyCache#remember via String#\*\z/
-      cache_row = /\A\s*~[\d.]+ [KM]iB\s+±[\d.]+ [KM]iB\s+64\s+1\s+\d+\.\d%\s+Array\s+\d+\s+#{Regexp.escape(script)}:#{cache_line} in initialize\z/
+      # The script is under the current directory (the app root): shown relative to it.
+      shown = Regexp.escape(script.delete_prefix("#{Dir.pwd}/"))
+      leak_row = /\A\s*[\d.]+ [KM]iB\s+±[\d.]+ (?:[KM]i)?B\s+\d+\s+\d+\s+\d+\.\d%\s+String\s+\d+\s+#{shown}:#{leak_line} in LeakyCache#remember via String#\*\z/
+      cache_row = /\A\s*~[\d.]+ [KM]iB\s+±[\d.]+ [KM]iB\s+64\s+1\s+\d+\.\d%\s+Array\s+\d+\s+#{shown}:#{cache_line} in initialize\z/
       leak_at = table.index { |row| row.match?(leak_row) }
       expect(leak_at).not_to be_nil, "the leak #{script}:#{leak_line} is not among the top sites:\n#{out}"
       expect(table.first(leak_at)).to all(match(cache_row)), "only the cache's Array may outrank the leak:\n#{out}"

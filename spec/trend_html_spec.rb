@@ -43,8 +43,9 @@ RSpec.describe "datadog-heap trend --html" do
       lines = out.lines
       expect(lines[0]).to start_with("3 profiles over ").and include("2 sites, 1 growing, 0 shrinking, 1 steady")
       rows = lines.grep(/LeakyCache|Buffer/)
-      expect(rows[0]).to match(%r{\Agrowing\s+\+[\d.]+ (B|KiB|MiB)/min\s+[\d.]+%.*/app/leaky_cache.rb:17 in LeakyCache#remember})
-      expect(rows[1]).to match(%r{\Asteady\s.*/app/buffer.rb:8 in Buffer#push})
+      # Files under the app root are shown relative to it.
+      expect(rows[0]).to match(%r{\Agrowing\s+\+[\d.]+ (B|KiB|MiB)/min\s+[\d.]+%.*  leaky_cache\.rb:17 in LeakyCache#remember$})
+      expect(rows[1]).to match(%r{\Asteady\s.*  buffer\.rb:8 in Buffer#push$})
       expect(out).to include("wrote #{html}")
       page = File.read(html)
       expect(page.scan("<svg").size).to eq(2)

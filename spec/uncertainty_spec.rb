@@ -91,8 +91,8 @@ RSpec.describe "sampling uncertainty" do
       rows = table_rows(out, "live bytes")
       # The measured row first, the one-sample row after it though it weighs more.
       expect(out).to include("by live bytes, rows on fewer than 5 samples (~) last:")
-      expect(rows[0]).to match(%r{\A *[\d.]+ KiB +±[\d.]+ B +80 +40 +\d+\.\d% +Chunk +\d+ +/app/buffer\.rb:8})
-      expect(rows[1]).to match(%r{\A *~[\d.]+ MiB +±[\d.]+ MiB +14824 +1 +\d+\.\d% +Hash +.*puma/client\.rb:152})
+      expect(rows[0]).to match(%r{\A *[\d.]+ KiB +±[\d.]+ B +80 +40 +\d+\.\d% +Chunk +\d+ +buffer\.rb:8 in Buffer#push})
+      expect(rows[1]).to match(%r{\A *~[\d.]+ MiB +±[\d.]+ MiB +14824 +1 +\d+\.\d% +Hash +\d+ +puma-6\.4\.0 puma/client\.rb:152 in Client#read})
       expect(out).to match(/^~ rough: fewer than 5 samples/)
       expect(out).to include("± is one standard deviation")
     end
@@ -118,7 +118,7 @@ RSpec.describe "sampling uncertainty" do
       expect(out).to include("2 of 2 sites grew, 1 beyond their noise (|growth| > 2 sd):")
       rows = table_rows(out, "growth")
       buffer = rows.find { |r| r.include?("buffer.rb") }
-      hash = rows.find { |r| r.include?("client.rb") }
+      hash = rows.find { |r| r.include?("puma-6.4.0 puma/client.rb:152") }
       expect(buffer).to match(/\A\+[\d.]+ KiB +±[\d.]+ B +.* 40 -> 200 +yes +Object/)
       expect(hash).to match(/\A\+[\d.]+ KiB +±[\d.]+ KiB +.* ~2 -> ~3 +no +Hash/)
       d = old.diff(new).find { |r| r.class_name == "Hash" }

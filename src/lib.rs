@@ -24,9 +24,9 @@ pub(crate) mod fake_vm;
 pub use error::{HeapError, Result, FIXNUM_MAX, MAX_FRAMES_LIMIT};
 pub use frame_cache::FrameKey;
 pub use pprof::{
-    diff_sites, diff_sites_with, encode_profile, merge_profiles, read_profile, top_sites,
-    top_sites_with, AppRoot, EncodeOptions, EncodedPprof, GroupBy, ProfileData, SampleData,
-    SampleType, Site, SiteDiff, SiteOptions, SortBy, SourceFrame,
+    diff_sites, diff_sites_with, encode_profile, library_of, merge_profiles, read_profile,
+    short_path, top_sites, top_sites_with, AppRoot, EncodeOptions, EncodedPprof, GroupBy,
+    ProfileData, SampleData, SampleType, Site, SiteDiff, SiteOptions, SortBy, SourceFrame,
 };
 pub use recorder::{
     CommitOutcome, HeapRecorder, LiveObject, LiveObjectData, Names, RecordOutcome, Recorded,

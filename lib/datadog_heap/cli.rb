@@ -6,6 +6,8 @@ require "rbconfig"
 require "tmpdir"
 require "datadog_heap"
 require_relative "cli/safe_text"
+require_relative "cli/paths"
+require_relative "cli/report"
 require_relative "cli/why"
 require_relative "cli/trend"
 
@@ -19,6 +21,7 @@ module DatadogHeap
   # Nothing it prints holds a control character: names from a profile are shown escaped (see
   # SafeText), so a crafted profile cannot drive the terminal.
   class CLI
+    include ReportCommand
     include Why
     include TrendCommand
 
@@ -85,9 +88,17 @@ module DatadogHeap
     end
 
     # Writes what `datadog-heap report` prints for `profile` (a Profile) to this CLI's `out`; the
-    # options are the command's (by: :size or :count, group: a Profile::GROUPS member).
-    def write_report(profile, top: DEFAULT_TOP, by: :size, group: :site, app_root: Dir.pwd)
-      report(profile, {top: top, by: by, group: group, app_root: app_root})
+    # options are the command's (by: :size or :count, group: a Profile::GROUPS member, wide: full
+    # paths, uncut). Tables fit Paths.terminal_width of `out`.
+    def write_report(profile, top: DEFAULT_TOP, by: :size, group: :site, app_root: Dir.pwd, wide: false)
+      report(profile, {top: top, by: by, group: group, app_root: app_root, wide: wide})
+      nil
+    end
+
+    # Writes the page `datadog-heap report --html` writes for `profile` to this CLI's `out`; the
+    # options as for #write_report.
+    def write_html_report(profile, top: DEFAULT_TOP, by: :size, group: :site, app_root: Dir.pwd, wide: false)
+      @out.write(report_page(profile, {top: top, by: by, group: group, app_root: app_root, wide: wide}))
       nil
     end
 
@@ -152,46 +163,22 @@ module DatadogHeap
       {group: options.fetch(:group, :site), app_root: options.fetch(:app_root) { Dir.pwd }}
     end
 
+    # --wide: how files are shown (see Paths).
+    def display_options(parser, options)
+      parser.on("--wide", "full paths, and rows never cut to fit the terminal") { options[:wide] = true }
+    end
+
+    # How this command shows files and how wide its tables may be.
+    def paths(options)
+      Paths.new(app_root: grouping(options)[:app_root], wide: options[:wide] == true, width: Paths.terminal_width(@out.io))
+    end
+
     def top_option(parser, options)
       parser.on("--top N", Integer, "how many sites to show (default #{DEFAULT_TOP})") do |n|
         raise OptionParser::InvalidArgument, "--top must be at least 1, got #{n}" if n < 1
 
         options[:top] = n
       end
-    end
-
-    # --- report ------------------------------------------------------------------------------
-
-    def report_parser(options)
-      OptionParser.new do |p|
-        p.banner = "Usage: datadog-heap report FILE... [--top N] [--by size|count] [--group KIND] [--app-root DIR]"
-        p.separator ""
-        p.separator "The allocation sites holding the most live memory in the profile FILE, or in the sum of"
-        p.separator "several (one per forked worker, say): live bytes, live objects, share of the total, class,"
-        p.separator "median age (GCs survived), the site and where the application called it from."
-        p.separator ""
-        p.separator "A site is the file:line of the innermost Ruby frame, the method it is in and the method"
-        p.separator "called there that allocated (`via String#*`). When the site is not application code,"
-        p.separator "`called from` is the nearest frame that is: a file under --app-root, not in an installed gem."
-        p.separator ""
-        p.separator "Options:"
-        top_option(p, options)
-        p.on("--by KEY", %w[size count], "rank by live bytes (size, the default) or live objects (count)") do |key|
-          options[:by] = key.to_sym
-        end
-        grouping_options(p, options)
-        p.on("--why", "also print each site's retainer paths (see `datadog-heap why`)") { options[:why] = true }
-        common_options(p, options)
-      end
-    end
-
-    def report_command(argv)
-      options = {top: DEFAULT_TOP, by: :size}
-      return EXIT_OK if parse(report_parser(options), argv, options)
-      raise UsageError, "report needs at least one profile FILE, got 0 arguments" if argv.empty?
-
-      report(load_profiles(argv), options)
-      EXIT_OK
     end
 
     # A profile file named on the command line; a name that cannot be a path (empty, with a NUL)
@@ -206,74 +193,6 @@ module DatadogHeap
     def load_profiles(paths)
       profiles = paths.map { |path| load_profile(path) }
       profiles.size == 1 ? profiles.first : Profile.merge(profiles)
-    end
-
-    def report(profile, options)
-      group = grouping(options)
-      by = options.fetch(:by, :size)
-      sites = profile.top(2**62 - 1, by: by, **group)
-      # Measurements first: a row resting on fewer than 5 samples (rough, marked ~) can be off by
-      # as much as itself, and one heavy object sampled once (a Class, a Thread's stack) outweighs
-      # a leak of thousands of small ones. Rough rows follow, in the same order.
-      sites = sites.reject(&:rough?) + sites.select(&:rough?)
-      by = :count unless profile.sizes?
-      kind = group[:group]
-      noun = kind.to_s
-      @out.puts(profile_summary(profile, sites.size, noun))
-      profile.comments.each { |comment| @out.puts("Note: #{SafeText.escape(comment)}") }
-      if sites.empty?
-        @out.puts("No live objects in #{profile.count > 1 ? "these profiles" : "this profile"}.")
-        return
-      end
-      shown = sites.first(options.fetch(:top, DEFAULT_TOP))
-      @out.puts("(#{profile.count > 1 ? "these profiles have" : "this profile has"} no sizes: " \
-        "#{plural_noun(noun)} are ranked by live objects)") unless profile.sizes?
-      @out.puts
-      rough_last = sites.any?(&:rough?) ? ", rows on fewer than 5 samples (~) last" : ""
-      @out.puts("Top #{shown.size} of #{plural(sites.size, noun)} by live #{by == :size ? "bytes" : "objects"}#{rough_last}:")
-      @out.puts
-      callers = kind == :site && shown.any?(&:called_from)
-      rows = shown.map do |s|
-        rough = s.rough? ? "~" : ""
-        row = if profile.sizes?
-          ["#{rough}#{human_bytes(s.live_bytes)}", spread(s.bytes_stddev) { |sd| human_bytes(sd.round) }, s.live_objects.to_s]
-        else
-          ["-", spread(s.objects_stddev) { |sd| sd.round.to_s }, "#{rough}#{s.live_objects}"]
-        end
-        row += [s.samples&.to_s || "n/a", percent(s.share)]
-        row << (s.class_name || "?") if kind == :site
-        row += [s.median_gen_age&.to_s || "-", s.label]
-        row << (s.called_from || "") if callers
-        row
-      end
-      headers = ["live bytes", "±", "live objects", "samples", "share"]
-      headers << "class" if kind == :site
-      headers += ["median age", noun]
-      headers << "called from" if callers
-      @out.puts(table(headers, rows, "rrrrr#{"l" if kind == :site}rll"))
-      @out.puts
-      uncertainty_notes(profile, shown)
-      why_section(profile, options) if options[:why]
-    end
-
-    # "±1.2 MiB" (the block formats the standard deviation), or "n/a" when it is unknown.
-    def spread(stddev)
-      stddev.nil? ? "n/a" : "±#{yield stddev}"
-    end
-
-    # What ± and ~ mean, under a report's table.
-    def uncertainty_notes(profile, shown)
-      unless profile.uncertainty?
-        @out.puts("(this profile does not say how many samples each row rests on: it was written by an older " \
-          "datadog_heap or another profiler, so ± and samples are n/a)")
-        return
-      end
-      @out.puts("samples: live objects recorded, each standing for its weight of allocations; " \
-        "± is one standard deviation of the sampling error.")
-      return unless shown.any?(&:rough?)
-
-      @out.puts("~ rough: fewer than #{Profile::ROUGH_SAMPLES} samples: the estimate may be off by as much as itself " \
-        "(take more profiles or lower sample_every for more samples).")
     end
 
     def plural_noun(noun)
@@ -304,7 +223,7 @@ module DatadogHeap
 
     def diff_parser(options)
       OptionParser.new do |p|
-        p.banner = "Usage: datadog-heap diff OLD NEW [--top N] [--group KIND] [--app-root DIR]\n" \
+        p.banner = "Usage: datadog-heap diff OLD NEW [--top N] [--group KIND] [--app-root DIR] [--wide]\n" \
           "       datadog-heap diff OLD... -- NEW... [options]"
         p.separator ""
         p.separator "The allocation sites whose live size grew from the profile OLD to the profile NEW, the"
@@ -312,11 +231,12 @@ module DatadogHeap
         p.separator "keeps growing. Only growing sites are listed. Profiles without sizes are compared by live"
         p.separator "objects. With --, the profiles before it are summed into OLD and the ones after it into"
         p.separator "NEW (one per forked worker, say: diff tmp/heap-*-1.pb.gz -- tmp/heap-*-9.pb.gz)."
-        p.separator "Sites, --group and --app-root are as in `datadog-heap report`."
+        p.separator "Sites, --group, --app-root and --wide are as in `datadog-heap report`."
         p.separator ""
         p.separator "Options:"
         top_option(p, options)
         grouping_options(p, options)
+        display_options(p, options)
         common_options(p, options)
       end
     end
@@ -374,6 +294,7 @@ module DatadogHeap
       @out.puts("#{growing.size} of #{plural(diffs.size, noun)} grew#{beyond}#{largest}:")
       @out.puts
       callers = kind == :site && shown.any?(&:called_from)
+      paths = paths(options)
       rows = shown.map do |d|
         row = if sizes
           [signed_bytes(d.bytes_change), spread(d.bytes_change_stddev) { |sd| human_bytes(sd.round) },
@@ -384,8 +305,8 @@ module DatadogHeap
         end
         row += [samples_change(d), significance(d.significant)]
         row << (d.class_name || "?") if kind == :site
-        row << d.label
-        row << (d.called_from || "") if callers
+        row << paths.label(d, kind)
+        row << (paths.called_from(d) || "") if callers
         row
       end
       headers = sizes ? ["growth", "±", "relative", "old bytes", "new bytes", "objects +/-"] : ["growth", "±", "relative", "old objects", "new objects"]
@@ -393,7 +314,8 @@ module DatadogHeap
       headers << "class" if kind == :site
       headers << noun
       headers << "called from" if callers
-      @out.puts(table(headers, rows, "#{"r" * (sizes ? 7 : 6)}l#{"l" if kind == :site}ll"))
+      cut = callers ? [headers.size - 2, headers.size - 1] : [headers.size - 1]
+      @out.puts(table(headers, rows, "#{"r" * (sizes ? 7 : 6)}l#{"l" if kind == :site}ll", width: paths.width, cut: cut))
       @out.puts
       if known.empty?
         @out.puts("(a profile does not say how many samples its rows rest on: ± and significance are n/a)")
@@ -419,13 +341,13 @@ module DatadogHeap
     def run_parser(options)
       OptionParser.new do |p|
         p.banner = "Usage: datadog-heap run [--out DIR] [--interval S] [--sample-every N] [--upload TARGET] [--top N] " \
-          "[--group KIND] [--app-root DIR] -- CMD..."
+          "[--group KIND] [--app-root DIR] [--wide] -- CMD..."
         p.separator ""
         p.separator "Runs CMD (a Ruby program, or a command that starts one) with datadog_heap/auto loaded"
         p.separator "through RUBYOPT, waits for it, then prints the report of the last profile each process"
         p.separator "wrote, summed. Every Ruby process CMD starts writes DIR/heap-<pid>-<n>.pb.gz: every S"
-        p.separator "seconds with --interval, and at exit. Exits with CMD's status. --group and --app-root are"
-        p.separator "as in `datadog-heap report`."
+        p.separator "seconds with --interval, and at exit. Exits with CMD's status. --group, --app-root and"
+        p.separator "--wide are as in `datadog-heap report`."
         p.separator ""
         p.separator "Options:"
         p.on("--out DIR", "where profiles go (default: a new temporary directory, printed)") do |dir|
@@ -462,6 +384,7 @@ module DatadogHeap
         end
         top_option(p, options)
         grouping_options(p, options)
+        display_options(p, options)
         common_options(p, options)
       end
     end
@@ -551,10 +474,26 @@ module DatadogHeap
 
     # Columns padded to their widest cell; `aligns` has one "l" or "r" per column. The last column
     # is not padded, and no line ends in spaces. Cells are shown escaped (SafeText.escape): one
-    # line per row.
-    def table(headers, rows, aligns)
+    # line per row. With a `width` (nil: none), the columns listed in `cut` are narrowed, the
+    # widest first and never below Paths::MIN_CUT_WIDTH or their header, until the lines fit, and
+    # their cells shortened with "…" (Paths.cut).
+    def table(headers, rows, aligns, width: nil, cut: [])
       all = [headers, *rows].map { |row| row.map { |cell| SafeText.escape(cell) } }
       widths = headers.each_index.map { |i| all.map { |r| r[i].size }.max }
+      if width
+        floors = cut.to_h { |i| [i, [Paths::MIN_CUT_WIDTH, headers[i].size].max] }
+        excess = widths.sum + 2 * (widths.size - 1) - width
+        while excess > 0
+          i = cut.select { |j| widths[j] > floors[j] }.max_by { |j| widths[j] }
+          break unless i
+
+          widths[i] -= 1
+          excess -= 1
+        end
+        all = all.each_with_index.map do |row, r|
+          r.zero? ? row : row.each_with_index.map { |cell, i| floors.key?(i) ? Paths.cut(cell, widths[i]) : cell }
+        end
+      end
       all.map do |row|
         row.each_with_index.map do |cell, i|
           next cell if i == row.size - 1

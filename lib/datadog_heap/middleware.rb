@@ -14,6 +14,7 @@ module DatadogHeap
   #
   #   curl -o heap.pb.gz http://127.0.0.1:9292/debug/heap          # gzip pprof of the live heap
   #   curl 'http://127.0.0.1:9292/debug/heap?report=1&top=20'      # the text of `datadog-heap report`
+  #   open 'http://127.0.0.1:9292/debug/heap?html=1'               # the page of `datadog-heap report --html`
   #
   # It is off unless added: nothing else serves the heap. Requests to any other path go to the app
   # untouched. Who may read the heap (docs/http-endpoint.md says what each mode protects against):
@@ -27,15 +28,18 @@ module DatadogHeap
   #   a token; nothing of the request is echoed.
   # - with `token:`, any client sending `Authorization: Bearer <token>`, compared in constant time;
   #   others get 403. Host and proxy headers are not looked at.
-  # Only GET (405 otherwise). Query: `report=1` (text instead of pprof), `top=N` (1 to 1000, default
-  # 10), `by=size|count`, `gc=1` (a full GC first, so garbage not yet collected is not listed; the
-  # default is the recorder's preset's, see Recorder#gc_before_profile?; the profile's notes say
-  # whether one ran), `retainers=1` (retainer paths; default: the preset's); a bad value gets 400
-  # naming it. The endpoint's own allocations are never sampled.
+  # Only GET (405 otherwise). Query: `report=1` (text instead of pprof), `html=1` (the HTML page
+  # of `datadog-heap report --html` instead: flame graph, top sites and classes, facts and notes;
+  # served with a Content-Security-Policy that allows no script and no fetch), `top=N` (1 to 1000,
+  # default 10), `by=size|count`, `wide=1` (full paths, rows uncut), `gc=1` (a full GC first, so
+  # garbage not yet collected is not listed; the default is the recorder's preset's, see
+  # Recorder#gc_before_profile?; the profile's notes say whether one ran), `retainers=1`
+  # (retainer paths; default: the preset's); a bad value gets 400 naming it. The endpoint's own
+  # allocations are never sampled.
   #
   # In a cluster (puma workers, unicorn) each connection reaches one worker. With `workers_dir:`
-  # (the Railtie passes its `output`), `?workers=1&report=1` reports the sum of this worker's heap
-  # now and the latest profile each other live process wrote there (`heap-<pid>-<n>.pb.gz`, as auto
+  # (the Railtie passes its `output`), `?workers=1&report=1` (or `&html=1`) reports the sum of this
+  # worker's heap now and the latest profile each other live process wrote there (`heap-<pid>-<n>.pb.gz`, as auto
   # mode and the Railtie name them; a process is live while `kill(0)` says so). Those are up to one
   # writer `interval` old; the report's header lists the files summed. The profile is the process-wide
   # recorder's (DatadogHeap.start, auto mode, the Railtie) unless `recorder:` names another; 503
@@ -61,6 +65,10 @@ module DatadogHeap
     FOREIGN_HOST = "datadog_heap: refused: without a token the heap is served only to requests for localhost, " \
       "127.0.0.1 or [::1] (any port); a web page can reach this port under a name of its own (DNS rebinding). " \
       "#{TOKEN_HINT}\n"
+    # What the HTML page may do in a browser: show its own inline styles and SVG, nothing else
+    # (no script, no request, no form, no frame).
+    HTML_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; " \
+      "frame-ancestors 'none'"
     TRUE_VALUES = %w[1 true yes].freeze
     FALSE_VALUES = ["", "0", "false", "no"].freeze
 
@@ -137,12 +145,15 @@ module DatadogHeap
       return text(503, "datadog_heap: not recording in this process (pid #{Process.pid}): DatadogHeap.start was never called\n") unless recorder
 
       retainers = query[:retainers].nil? ? recorder.retainers_by_default? : query[:retainers]
+      raise BadRequest, "report=1 and html=1 ask for two formats: pick one" if query[:report] && query[:html]
       if query[:workers]
-        raise BadRequest, "workers=1 needs report=1 (the pprof of each worker is in its own files)" unless query[:report]
+        unless query[:report] || query[:html]
+          raise BadRequest, "workers=1 needs report=1 or html=1 (the pprof of each worker is in its own files)"
+        end
         raise BadRequest, "workers=1 needs a directory the workers write to (config.datadog_heap.output)" unless @workers_dir
       end
       bytes = @lock.synchronize { recorder.profile(gc: query[:gc], retainers: retainers || nil) }
-      return DatadogHeap.own_work { report(bytes, query) } if query[:report]
+      return DatadogHeap.own_work { report(bytes, query) } if query[:report] || query[:html]
 
       [200, {"content-type" => "application/octet-stream", "content-length" => bytes.bytesize.to_s,
         "content-disposition" => "attachment; filename=\"heap-#{Process.pid}.pb.gz\"", "cache-control" => "no-store"}, [bytes]]
@@ -204,8 +215,9 @@ module DatadogHeap
       rescue ArgumentError => e
         raise BadRequest, "the query string is not valid: #{e.message}"
       end
-      {report: flag(params, "report"), top: top(params["top"]), by: by(params["by"]),
-       gc: flag(params, "gc", nil), retainers: flag(params, "retainers", nil), workers: flag(params, "workers")}
+      {report: flag(params, "report"), html: flag(params, "html"), top: top(params["top"]), by: by(params["by"]),
+       wide: flag(params, "wide"), gc: flag(params, "gc", nil), retainers: flag(params, "retainers", nil),
+       workers: flag(params, "workers")}
     end
 
     def flag(params, name, default = false)
@@ -233,12 +245,22 @@ module DatadogHeap
       raise BadRequest, "by must be size or count, got #{Validate.show(value)}"
     end
 
+    # The text report (report=1) or the HTML page (html=1) of the profile `bytes`.
     def report(bytes, query)
       profile = Profile.parse(bytes, path: "heap of pid #{Process.pid}")
       profile = Profile.merge([profile, *other_workers]) if query[:workers]
       out = StringIO.new
-      CLI.new(out: out, err: out).write_report(profile, top: query[:top], by: query[:by])
-      text(200, out.string)
+      cli = CLI.new(out: out, err: out)
+      options = {top: query[:top], by: query[:by], wide: query[:wide]}
+      unless query[:html]
+        cli.write_report(profile, **options)
+        return text(200, out.string)
+      end
+
+      cli.write_html_report(profile, **options)
+      [200, {"content-type" => "text/html; charset=utf-8", "content-length" => out.string.bytesize.to_s,
+        "cache-control" => "no-store", "content-security-policy" => HTML_POLICY,
+        "x-content-type-options" => "nosniff"}, [out.string]]
     end
 
     # The latest profile of each other live process in @workers_dir (see the class docs).

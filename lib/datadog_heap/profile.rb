@@ -191,6 +191,23 @@ module DatadogHeap
         end
       end
 
+      # How a report shows the file `path` (a frame's file, as in Sample#locations), shortened as
+      # memory_profiler and stackprof do: the path under the app root for application code,
+      # `NAME-VERSION x/y.rb` for `.../gems/NAME-VERSION/lib/x/y.rb`, `stdlib x/y.rb` for Ruby's own
+      # library (`site_ruby x/y.rb`, `vendor_ruby x/y.rb` likewise), anything else as it is
+      # (`<internal:kernel>`, `(eval)`, a file of no known place). The same rules as Site#library:
+      # `library_of` names the library. `app_root:` as for #top. For people, not a key: two files
+      # can share a short form.
+      def short_path(path, app_root: default_app_root)
+        place(path, app_root)[0]
+      end
+
+      # The library the file `path` belongs to, as Site#library names it: "app", a gem's name,
+      # "json (stdlib)", "ruby (internal)", "(other)"... `app_root:` as for #top.
+      def library_of(path, app_root: default_app_root)
+        place(path, app_root)[1]
+      end
+
       # The app root `top` and `diff` use by default: Rails.root when Rails is loaded and has one,
       # else the current directory.
       def default_app_root
@@ -202,6 +219,13 @@ module DatadogHeap
       end
 
       private
+
+      # [short path, library] of `path` (a String, "" for a frame without a file).
+      def place(path, app_root)
+        raise TypeError, "path must be a String, got #{Validate.describe(path)}" unless String === path
+
+        _native_place(Validate.utf8(String.new(path)), app_roots(app_root))
+      end
 
       # Why File.binread failed, without the path Ruby appends to an Errno message (which may be
       # in any encoding, and is in ours already): "No such file or directory".

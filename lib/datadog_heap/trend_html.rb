@@ -1,6 +1,7 @@
 # frozen_string_literal: true
 
 require "cgi"
+require_relative "cli/safe_text"
 
 module DatadogHeap
   # `datadog-heap trend --html OUT.html`: one self-contained page (inline SVG and CSS, no script,
@@ -15,20 +16,30 @@ module DatadogHeap
     PAD_BOTTOM = 30
     COLORS = {growing: "#c62828", steady: "#546e7a", shrinking: "#2e7d32"}.freeze
 
+    # The page's rules, also used by `report --html`'s page, which shows these charts below its
+    # flame graph.
+    CSS = <<~CSS
+      p.summary { margin: 0 0 16px; color: #555; }
+      .grid { display: flex; flex-wrap: wrap; gap: 16px; }
+      .card { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 10px 12px; width: #{WIDTH}px; }
+      .card h2, .card h3 { font-size: 13px; font-weight: 600; margin: 0 0 2px; word-break: break-all; }
+      .meta { font-size: 12px; color: #555; margin: 0 0 4px; }
+      .verdict { display: inline-block; color: #fff; border-radius: 3px; padding: 0 6px; font-size: 12px; font-weight: 600; }
+      svg.trend text { font: 10px system-ui, sans-serif; fill: #555; }
+    CSS
+
     module_function
 
     # Writes the page for `trends` (Profile.trend of `profiles`) to `path`; at most `top` charts,
-    # growing sites first. Returns the path.
-    def write(path, profiles, trends, top: 12)
+    # growing sites first; files shown as `paths` (a CLI::Paths) shows them (nil: as they are).
+    # Returns the path.
+    def write(path, profiles, trends, top: 12, paths: nil)
       path = Validate.path!(:path, path)
-      File.write(path, page(profiles, trends, top: top))
+      File.write(path, page(profiles, trends, top: top, paths: paths))
       path
     end
 
-    def page(profiles, trends, top: 12)
-      shown = trends.first(top)
-      counts = Trend::VERDICTS.map { |v| "#{trends.count { |t| t.verdict == v }} #{v}" }.join(", ")
-      times = profiles.map(&:end_time).compact.sort
+    def page(profiles, trends, top: 12, paths: nil)
       <<~HTML
         <!DOCTYPE html>
         <html lang="en">
@@ -38,34 +49,40 @@ module DatadogHeap
         <style>
         body { font: 14px/1.4 system-ui, sans-serif; margin: 24px; color: #212121; background: #fafafa; }
         h1 { font-size: 20px; margin: 0 0 4px; }
-        p.summary { margin: 0 0 16px; color: #555; }
-        .grid { display: flex; flex-wrap: wrap; gap: 16px; }
-        .card { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 10px 12px; width: #{WIDTH}px; }
-        .card h2 { font-size: 13px; font-weight: 600; margin: 0 0 2px; word-break: break-all; }
-        .meta { font-size: 12px; color: #555; margin: 0 0 4px; }
-        .verdict { display: inline-block; color: #fff; border-radius: 3px; padding: 0 6px; font-size: 12px; font-weight: 600; }
-        svg text { font: 10px system-ui, sans-serif; fill: #555; }
+        #{CSS}
         </style>
         </head>
         <body>
         <h1>Live heap trend per site</h1>
-        <p class="summary">#{profiles.size} profiles from #{h(time_text(times.first))} to #{h(time_text(times.last))};
-        #{trends.size} sites: #{h(counts)}. Showing #{shown.size}, growing first. Points: live #{trends.first&.unit || "bytes"}
-        in each profile, bars ±2σ sampling error, dashed: the fitted line.</p>
-        <div class="grid">
-        #{shown.map { |t| card(t) }.join("\n")}
-        </div>
+        #{section(profiles, trends, top: top, paths: paths, heading: "h2")}
         </body>
         </html>
       HTML
     end
 
-    def card(trend)
+    # The summary line and the charts, without the page around them; card titles are `heading`s.
+    def section(profiles, trends, top: 12, paths: nil, heading: "h2")
+      shown = trends.first(top)
+      counts = Trend::VERDICTS.map { |v| "#{trends.count { |t| t.verdict == v }} #{v}" }.join(", ")
+      times = profiles.map(&:end_time).compact.sort
+      <<~HTML.chomp
+        <p class="summary">#{profiles.size} profiles from #{h(time_text(times.first))} to #{h(time_text(times.last))};
+        #{trends.size} sites: #{h(counts)}. Showing #{shown.size}, growing first. Points: live #{trends.first&.unit || "bytes"}
+        in each profile, bars ±2σ sampling error, dashed: the fitted line.</p>
+        <div class="grid">
+        #{shown.map { |t| card(t, paths, heading) }.join("\n")}
+        </div>
+      HTML
+    end
+
+    def card(trend, paths = nil, heading = "h2")
       color = COLORS.fetch(trend.verdict)
       slope = trend.unit == :bytes ? "#{signed_bytes(trend.slope.to_f)}/min" : format("%+.1f objects/min", trend.slope.to_f)
+      # Whatever the group: only a label that starts with the site's file is shortened.
+      label = paths ? paths.label(trend, :site) : trend.label
       <<~HTML.chomp
         <div class="card">
-        <h2>#{h(trend.label)}#{trend.class_name ? " <span class=\"meta\">(#{h(trend.class_name)})</span>" : ""}</h2>
+        <#{heading} title="#{h(trend.label)}">#{h(label)}#{trend.class_name ? " <span class=\"meta\">(#{h(trend.class_name)})</span>" : ""}</#{heading}>
         <p class="meta"><span class="verdict" style="background:#{color}">#{trend.verdict}</span>
         #{h(slope)}, confidence #{format("%.1f%%", trend.confidence * 100)},
         samples #{h("#{trend.samples.first} → #{trend.samples.last}")}#{trend.note ? " (#{h(trend.note)})" : ""}</p>
@@ -106,12 +123,14 @@ module DatadogHeap
         parts << %(<line x1="#{cx}" y1="#{f(y.call(lows[i]))}" x2="#{cx}" y2="#{f(y.call(highs[i]))}" stroke="#{color}" stroke-opacity="0.5"/>)
         parts << %(<circle cx="#{cx}" cy="#{f(y.call(trend.bytes[i]))}" r="3" fill="#{color}"/>)
       end
-      %(<svg xmlns="http://www.w3.org/2000/svg" width="#{WIDTH}" height="#{HEIGHT}" viewBox="0 0 #{WIDTH} #{HEIGHT}" ) +
+      %(<svg class="trend" xmlns="http://www.w3.org/2000/svg" width="#{WIDTH}" height="#{HEIGHT}" viewBox="0 0 #{WIDTH} #{HEIGHT}" ) +
         %(role="img" aria-label="live #{trend.unit} over time">#{parts.join}</svg>)
     end
 
+    # Text from a profile as HTML: escaped for HTML (element text and quoted attribute values
+    # alike), control characters and stray bytes shown as CLI::SafeText shows them.
     def h(text)
-      CGI.escapeHTML(text.to_s)
+      CGI.escapeHTML(CLI::SafeText.escape(text))
     end
 
     def f(number)

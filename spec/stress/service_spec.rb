@@ -120,7 +120,8 @@ RSpec.describe "the example puma service under the profiler", :stress do
   end
 
   def cli(*args)
-    out, status = Open3.capture2e(RbConfig.ruby, File.expand_path("../../exe/datadog-heap", __dir__), *args)
+    # --wide: full paths, which the leak site (a Site#location) is compared with.
+    out, status = Open3.capture2e(RbConfig.ruby, File.expand_path("../../exe/datadog-heap", __dir__), *args, "--wide")
     expect(status).to be_success, out
     out
   end

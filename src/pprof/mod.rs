@@ -45,8 +45,8 @@ pub use read::{
     read_profile, read_profile_with_limit, ProfileData, SampleData, SampleType, SourceFrame,
 };
 pub use summary::{
-    diff_sites, diff_sites_with, is_app_frame, library_of, merge_profiles, row_key, top_sites,
-    top_sites_with, AppRoot, GroupBy, Site, SiteDiff, SiteOptions, SortBy,
+    diff_sites, diff_sites_with, is_app_frame, library_of, merge_profiles, row_key, short_path,
+    top_sites, top_sites_with, AppRoot, GroupBy, Site, SiteDiff, SiteOptions, SortBy,
 };
 pub use uncertainty::SIGNIFICANT_SDS;
 

@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use datadog_heap_core::{
-    diff_sites_with, merge_profiles, read_profile, top_sites_with, AppRoot, GroupBy, ProfileData,
-    SampleType, SiteOptions, SortBy, SourceFrame,
+    diff_sites_with, library_of, merge_profiles, read_profile, short_path, top_sites_with, AppRoot,
+    GroupBy, ProfileData, SampleType, SiteOptions, SortBy, SourceFrame,
 };
 use magnus::{
     function, method, prelude::*, typed_data::Obj, value::ReprValue, DataTypeFunctions, Error,
@@ -377,12 +377,26 @@ impl Profile {
     }
 }
 
+/// `Profile._native_place(path, app_root)` -> `[short, library]`: how a report shows the file
+/// `path` (core `short_path`) and the library it belongs to (core `library_of`), `app_root` the
+/// app root directories (absolute). Never raises but for a non-String argument.
+fn place(ruby: &Ruby, path: String, app_root: Vec<String>) -> Result<RArray, Error> {
+    guarded(ruby, || {
+        let root = AppRoot::new(app_root);
+        Ok(ruby.ary_new_from_values(&[
+            ruby.str_new(&short_path(&path, &root)).as_value(),
+            ruby.str_new(&library_of(&path, &root)).as_value(),
+        ]))
+    })
+}
+
 /// Defines `DatadogHeap::Profile` (reopened by lib/datadog_heap/profile.rb). Runs under the GVL.
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     let class = module.define_class("Profile", ruby.class_object())?;
     class.undef_default_alloc_func();
     class.define_singleton_method("_native_parse", function!(Profile::parse, 2))?;
     class.define_singleton_method("_native_merge", function!(Profile::merge, 2))?;
+    class.define_singleton_method("_native_place", function!(place, 2))?;
     class.define_method("_native_info", method!(Profile::info, 0))?;
     class.define_method("_native_samples", method!(Profile::samples, 0))?;
     class.define_method("_native_top", method!(Profile::top, 4))?;

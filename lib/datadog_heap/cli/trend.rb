@@ -11,7 +11,7 @@ module DatadogHeap
 
       def trend_parser(options)
         OptionParser.new do |p|
-          p.banner = "Usage: datadog-heap trend FILE FILE... [--top N] [--all] [--html OUT.html] [--group KIND] [--app-root DIR]"
+          p.banner = "Usage: datadog-heap trend FILE FILE... [--top N] [--all] [--html OUT.html] [--group KIND] [--app-root DIR] [--wide]"
           p.separator ""
           p.separator "Is it a leak? Fits each site's live bytes over the times of the profiles FILE... (two or"
           p.separator "more, e.g. the heap-<pid>-<n>.pb.gz that datadog_heap/auto writes every interval) and"
@@ -22,7 +22,7 @@ module DatadogHeap
           p.separator "It must also rest on at least #{DatadogHeap::Trend::MIN_SAMPLES} samples in some profile and rise across at least " \
             "#{DatadogHeap::Trend::MIN_STEPS} steps"
           p.separator "(so 3 profiles or more); empty profiles at the start are skipped."
-          p.separator "Sites, --group and --app-root are as in `datadog-heap report`."
+          p.separator "Sites, --group, --app-root and --wide are as in `datadog-heap report`."
           p.separator ""
           p.separator "Options:"
           top_option(p, options)
@@ -35,6 +35,7 @@ module DatadogHeap
             options[:html] = path
           end
           grouping_options(p, options)
+          display_options(p, options)
           common_options(p, options)
         end
       end
@@ -49,7 +50,7 @@ module DatadogHeap
         print_trend(profiles, trends, options)
         if options[:html]
           require_relative "../trend_html"
-          path = TrendHtml.write(options[:html], profiles, trends, top: options[:top])
+          path = TrendHtml.write(options[:html], profiles, trends, top: options[:top], paths: paths(options))
           @out.puts
           @out.puts("wrote #{path}")
         end
@@ -77,6 +78,7 @@ module DatadogHeap
         shown = shown.first(options[:top])
         @out.puts
         kind = grouping(options)[:group]
+        paths = paths(options)
         notes = shown.any?(&:note)
         rows = shown.map do |t|
           slope = if t.slope.nil?
@@ -89,7 +91,7 @@ module DatadogHeap
           row = [t.verdict.to_s, slope, format("%.1f%%", t.confidence * 100), first, last,
             "#{t.samples.first} -> #{t.samples.last}"]
           row << (t.class_name || "?") if kind == :site
-          row << t.label
+          row << paths.label(t, kind)
           row << (t.note || "") if notes
           row
         end
@@ -97,7 +99,8 @@ module DatadogHeap
         headers << "class" if kind == :site
         headers << noun
         headers << "note" if notes
-        @out.puts(table(headers, rows, "lrrrrr#{"l" if kind == :site}ll"))
+        cut = [headers.size - (notes ? 2 : 1)]
+        @out.puts(table(headers, rows, "lrrrrr#{"l" if kind == :site}ll", width: paths.width, cut: cut))
         why_none_growing(trends, noun) if growing.zero?
       end
 

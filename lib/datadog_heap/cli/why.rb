@@ -12,7 +12,7 @@ module DatadogHeap
 
       def why_parser(options)
         OptionParser.new do |p|
-          p.banner = "Usage: datadog-heap why FILE... [--top N] [--by size|count] [--app-root DIR]"
+          p.banner = "Usage: datadog-heap why FILE... [--top N] [--by size|count] [--app-root DIR] [--wide]"
           p.separator ""
           p.separator "What keeps the top allocation sites' objects alive: for the sampled objects a retainer"
           p.separator "search named a path for (Recorder#retainers), the chain of references from a GC root,"
@@ -29,6 +29,7 @@ module DatadogHeap
 
             (options[:app_root] ||= []) << File.expand_path(dir)
           end
+          display_options(p, options)
           common_options(p, options)
         end
       end
@@ -47,10 +48,11 @@ module DatadogHeap
         @out.puts(profile_summary(profile, profile.top(2**62 - 1, by: options[:by], app_root: grouping(options)[:app_root]).size))
         @out.puts
         @out.puts("What keeps the top #{plural(rows.size, "site")}' sampled objects alive:")
+        shown = paths(options)
         rows.each_with_index do |(site, paths), i|
           @out.puts
           @out.puts("#{i + 1}. #{profile.sizes? ? "#{human_bytes(site.live_bytes)}, " : ""}#{site.live_objects} objects " \
-            "(#{percent(site.share)})  #{SafeText.escape(site.class_name || "?")}  #{SafeText.escape(site.label)}")
+            "(#{percent(site.share)})  #{SafeText.escape(site.class_name || "?")}  #{SafeText.escape(shown.label(site, :site))}")
           why_lines(profile, paths).each { |line| @out.puts("   #{line}") }
         end
         EXIT_OK
@@ -66,8 +68,9 @@ module DatadogHeap
         rows = profile.top_retained(options.fetch(:top, DEFAULT_TOP), by: options.fetch(:by, :size),
           app_root: grouping(options)[:app_root])
         @out.puts("Retained by:")
+        shown = paths(options)
         rows.each do |site, paths|
-          @out.puts("  #{SafeText.escape(site.label)} (#{SafeText.escape(site.class_name || "?")})")
+          @out.puts("  #{SafeText.escape(shown.label(site, :site))} (#{SafeText.escape(site.class_name || "?")})")
           why_lines(profile, paths).each { |line| @out.puts("    #{line}") }
         end
       end

@@ -34,7 +34,7 @@ use super::uncertainty::{significant, stddev};
 use attribution::Attribution;
 use grouping::{weighted_median, Grouping, Side, Sums};
 
-pub use library::{is_app_frame, library_of, AppRoot};
+pub use library::{is_app_frame, library_of, short_path, AppRoot};
 pub use merge::merge_profiles;
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;

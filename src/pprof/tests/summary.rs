@@ -700,3 +700,72 @@ fn go_heap_profile_types_are_understood() {
     .collect();
     assert_eq!((p.objects_index(), p.bytes_index()), (Some(2), Some(3)));
 }
+
+#[test]
+fn short_paths_name_the_gem_or_library_and_keep_the_rest() {
+    let root = AppRoot::new(["/srv/app"]);
+    for (path, short) in [
+        ("/srv/app/app/models/user.rb", "app/models/user.rb"),
+        ("lib/tasks.rb", "lib/tasks.rb"),
+        (
+            "/srv/app/vendor/bundle/ruby/3.3.0/gems/rack-3.0.8/lib/rack/utils.rb",
+            "rack-3.0.8 rack/utils.rb",
+        ),
+        (
+            "/var/lib/gems/3.1.0/gems/puma-6.4.0/lib/puma/client.rb",
+            "puma-6.4.0 puma/client.rb",
+        ),
+        (
+            "/usr/local/bundle/gems/nokogiri-1.15.4-x86_64-linux/lib/nokogiri.rb",
+            "nokogiri-1.15.4-x86_64-linux nokogiri.rb",
+        ),
+        // Not under lib/: the path inside the gem as it is.
+        (
+            "/usr/local/bundle/bundler/gems/rails-abcdef012345/activesupport/lib/a.rb",
+            "rails-abcdef012345 activesupport/lib/a.rb",
+        ),
+        (
+            "/usr/lib/ruby/3.1.0/json/common.rb",
+            "stdlib json/common.rb",
+        ),
+        ("/usr/lib/ruby/3.1.0/set.rb", "stdlib set.rb"),
+        (
+            "/usr/lib/ruby/3.1.0/x86_64-linux-gnu/rbconfig.rb",
+            "stdlib rbconfig.rb",
+        ),
+        (
+            "/usr/lib/x86_64-linux-gnu/ruby/3.1.0/json/ext/parser.so",
+            "stdlib json/ext/parser.so",
+        ),
+        (
+            "/home/u/.rubies/ruby-3.3.0/lib/ruby/3.3.0/logger.rb",
+            "stdlib logger.rb",
+        ),
+        (
+            "/usr/lib/ruby/vendor_ruby/rubygems/request_set.rb",
+            "vendor_ruby rubygems/request_set.rb",
+        ),
+        (
+            "/usr/lib/ruby/vendor_ruby/3.1.0/mine.rb",
+            "vendor_ruby mine.rb",
+        ),
+        (
+            "/usr/local/lib/ruby/site_ruby/3.3.0/mine.rb",
+            "site_ruby mine.rb",
+        ),
+        // Unchanged: pseudo-files, files of no known place, the root directory itself.
+        ("<internal:kernel>", "<internal:kernel>"),
+        ("(eval at /app/x.rb:3)", "(eval at /app/x.rb:3)"),
+        ("", ""),
+        ("/usr/bin/rdoc", "/usr/bin/rdoc"),
+        ("/srv/app", "/srv/app"),
+        ("/usr/lib/ruby/3.1.0/", "/usr/lib/ruby/3.1.0/"),
+    ] {
+        assert_eq!(short_path(path, &root), short, "{path}");
+    }
+    // The same classification as library_of: a root that holds Ruby's library makes it app code.
+    assert_eq!(
+        short_path("/usr/lib/ruby/3.1.0/set.rb", &AppRoot::new(["/usr/lib"])),
+        "ruby/3.1.0/set.rb"
+    );
+}

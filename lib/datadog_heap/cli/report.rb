@@ -1,0 +1,193 @@
+# frozen_string_literal: true
+
+module DatadogHeap
+  class CLI
+    # `datadog-heap report FILE...`: the top sites of a profile (or of several, summed) as a text
+    # table, or with --html as one self-contained page (DatadogHeap::ReportHtml). The endpoint's
+    # ?report=1 and ?html=1 come here too (CLI#write_report, CLI#write_html_report).
+    module ReportCommand
+      private
+
+      def report_parser(options)
+        OptionParser.new do |p|
+          p.banner = "Usage: datadog-heap report FILE... [--top N] [--by size|count] [--group KIND] [--app-root DIR] " \
+            "[--wide] [--html [--out PATH]]"
+          p.separator ""
+          p.separator "The allocation sites holding the most live memory in the profile FILE, or in the sum of"
+          p.separator "several (one per forked worker, say): live bytes, live objects, share of the total, class,"
+          p.separator "median age (GCs survived), the site and where the application called it from."
+          p.separator ""
+          p.separator "A site is the file:line of the innermost Ruby frame, the method it is in and the method"
+          p.separator "called there that allocated (`via String#*`). When the site is not application code,"
+          p.separator "`called from` is the nearest frame that is: a file under --app-root, not in an installed gem."
+          p.separator "Files are shortened (`rack-3.0.8 rack/utils.rb`, `stdlib json/common.rb`, paths under the"
+          p.separator "app root relative to it) and rows cut with … to fit the terminal (#{Paths::DEFAULT_WIDTH} columns when"
+          p.separator "stdout is not one); --wide shows full paths, uncut."
+          p.separator ""
+          p.separator "With --html, one self-contained HTML page instead (no network, no script): a flame graph"
+          p.separator "of live bytes by stack, the top sites, the top classes, the profile's facts and notes. Given"
+          p.separator "several FILEs it shows the latest one, with the trend charts of all of them below."
+          p.separator ""
+          p.separator "Options:"
+          top_option(p, options)
+          p.on("--by KEY", %w[size count], "rank by live bytes (size, the default) or live objects (count)") do |key|
+            options[:by] = key.to_sym
+          end
+          grouping_options(p, options)
+          display_options(p, options)
+          p.on("--why", "also print each site's retainer paths (see `datadog-heap why`)") { options[:why] = true }
+          p.on("--html", "write an HTML page (to stdout, or to --out PATH) instead of the text report") do
+            options[:html] = true
+          end
+          p.on("--out PATH", "with --html: where the page goes (default: stdout)") do |path|
+            raise OptionParser::InvalidArgument, "--out must not be empty" if path.empty?
+
+            options[:out] = path
+          end
+          common_options(p, options)
+        end
+      end
+
+      def report_command(argv)
+        options = {top: DEFAULT_TOP, by: :size}
+        return EXIT_OK if parse(report_parser(options), argv, options)
+        raise UsageError, "report needs at least one profile FILE, got 0 arguments" if argv.empty?
+        raise UsageError, "--out PATH writes the HTML page: it needs --html" if options[:out] && !options[:html]
+        raise UsageError, "--why is for the text report: the HTML page has no retainer paths" if options[:why] && options[:html]
+
+        return html_report(argv, options) if options[:html]
+
+        report(load_profiles(argv), options)
+        EXIT_OK
+      end
+
+      # `report --html`: the page of the only profile, or of the latest of several with their
+      # trend below (the trend is left out, saying why, when they cannot make one: two with the
+      # same time, say).
+      def html_report(argv, options)
+        profiles = argv.map { |path| load_profile(path) }
+        latest = profiles.each_with_index.max_by { |profile, i| [profile.end_time || -Float::INFINITY, i] }.first
+        series = nil
+        if profiles.size > 1
+          series = begin
+            {profiles: profiles, trends: Profile.trend(profiles, **grouping(options))}
+          rescue DatadogHeap::Error => e
+            {profiles: profiles, error: e.message}
+          end
+        end
+        page = report_page(latest, options, series)
+        if options[:out]
+          path = Validate.path!(:out, options[:out])
+          File.write(path, page)
+          @out.puts("wrote #{path}")
+        else
+          @out.write(page)
+        end
+        EXIT_OK
+      end
+
+      # The page for `profile` (see ReportHtml.page); `series` as html_report makes it, or nil.
+      def report_page(profile, options, series = nil)
+        require_relative "../report_html"
+        group = grouping(options)
+        by = profile.sizes? ? options.fetch(:by, :size) : :count
+        paths = paths(options)
+        top = options.fetch(:top, DEFAULT_TOP)
+        sites = measured_first(profile.top(2**62 - 1, by: by, **group))
+        classes = measured_first(profile.top(2**62 - 1, by: by, group: :class, app_root: group[:app_root]))
+        ReportHtml.page(profile, paths: paths, by: by, series: series,
+          sites: site_table(profile, sites.first(top), group[:group], paths).merge(count: sites.size, noun: group[:group].to_s),
+          classes: site_table(profile, classes.first(top), :class, paths).merge(count: classes.size, noun: "class"))
+      end
+
+      # Measurements first: a row resting on fewer than 5 samples (rough, marked ~) can be off by
+      # as much as itself, and one heavy object sampled once (a Class, a Thread's stack) outweighs
+      # a leak of thousands of small ones. Rough rows follow, in the same order.
+      def measured_first(sites)
+        sites.reject(&:rough?) + sites.select(&:rough?)
+      end
+
+      def report(profile, options)
+        group = grouping(options)
+        by = options.fetch(:by, :size)
+        sites = measured_first(profile.top(2**62 - 1, by: by, **group))
+        by = :count unless profile.sizes?
+        kind = group[:group]
+        noun = kind.to_s
+        paths = paths(options)
+        @out.puts(profile_summary(profile, sites.size, noun))
+        profile.comments.each { |comment| @out.puts("Note: #{SafeText.escape(comment)}") }
+        if sites.empty?
+          @out.puts("No live objects in #{profile.count > 1 ? "these profiles" : "this profile"}.")
+          return
+        end
+        shown = sites.first(options.fetch(:top, DEFAULT_TOP))
+        @out.puts("(#{profile.count > 1 ? "these profiles have" : "this profile has"} no sizes: " \
+          "#{plural_noun(noun)} are ranked by live objects)") unless profile.sizes?
+        @out.puts
+        rough_last = sites.any?(&:rough?) ? ", rows on fewer than 5 samples (~) last" : ""
+        @out.puts("Top #{shown.size} of #{plural(sites.size, noun)} by live #{by == :size ? "bytes" : "objects"}#{rough_last}:")
+        @out.puts
+        t = site_table(profile, shown, kind, paths)
+        @out.puts(table(t[:headers], t[:rows], t[:aligns], width: paths.width, cut: t[:cut]))
+        @out.puts
+        uncertainty_notes(profile, shown)
+        why_section(profile, options) if options[:why]
+      end
+
+      # The report's table of `shown` (Sites of `kind`): {headers:, rows:, aligns:, cut:, titles:,
+      # rough:}, `cut` the columns a narrow terminal may shorten (the site and its caller),
+      # `titles` per row the full text of the cells shown shortened (nil where none is), `rough`
+      # per row Site#rough?. Cells are Strings, not yet escaped. The HTML page shows the same cells.
+      def site_table(profile, shown, kind, paths)
+        callers = kind == :site && shown.any?(&:called_from)
+        titles = shown.map do |s|
+          title = [s.label]
+          title << s.called_from if callers
+          title
+        end
+        rows = shown.map do |s|
+          rough = s.rough? ? "~" : ""
+          row = if profile.sizes?
+            ["#{rough}#{human_bytes(s.live_bytes)}", spread(s.bytes_stddev) { |sd| human_bytes(sd.round) }, s.live_objects.to_s]
+          else
+            ["-", spread(s.objects_stddev) { |sd| sd.round.to_s }, "#{rough}#{s.live_objects}"]
+          end
+          row += [s.samples&.to_s || "n/a", percent(s.share)]
+          row << (s.class_name || "?") if kind == :site
+          row += [s.median_gen_age&.to_s || "-", paths.label(s, kind)]
+          row << (paths.called_from(s) || "") if callers
+          row
+        end
+        headers = ["live bytes", "±", "live objects", "samples", "share"]
+        headers << "class" if kind == :site
+        headers += ["median age", kind.to_s]
+        headers << "called from" if callers
+        cut = callers ? [headers.size - 2, headers.size - 1] : [headers.size - 1]
+        titles = titles.map { |full| Array.new(headers.size - full.size) + full }
+        {headers: headers, rows: rows, aligns: "rrrrr#{"l" if kind == :site}rll", cut: cut, titles: titles,
+         rough: shown.map(&:rough?)}
+      end
+
+      # "±1.2 MiB" (the block formats the standard deviation), or "n/a" when it is unknown.
+      def spread(stddev)
+        stddev.nil? ? "n/a" : "±#{yield stddev}"
+      end
+
+      # What ± and ~ mean, under a report's table.
+      def uncertainty_notes(profile, shown)
+        unless profile.uncertainty?
+          @out.puts("(this profile does not say how many samples each row rests on: it was written by an older " \
+            "datadog_heap or another profiler, so ± and samples are n/a)")
+          return
+        end
+        @out.puts("samples: live objects recorded, each standing for its weight of allocations; " \
+          "± is one standard deviation of the sampling error.")
+        return unless shown.any?(&:rough?)
+
+        @out.puts("~ rough: fewer than #{Profile::ROUGH_SAMPLES} samples: the estimate may be off by as much as itself " \
+          "(take more profiles or lower sample_every for more samples).")
+      end
+    end
+  end
+end
