@@ -13,16 +13,18 @@ module DatadogHeap
     # #library...) keep the full paths.
     class Paths
       ELLIPSIS = "…"
-      # The width of a table when stdout is not a terminal (a pipe, a file, the endpoint's
-      # ?report=1): wide enough for most sites of a real program, narrow enough to read.
+      # The width of a table on a terminal that does not say its own: wide enough for most sites
+      # of a real program, narrow enough to read.
       DEFAULT_WIDTH = 160
       # A site column is never cut below this many characters.
       MIN_CUT_WIDTH = 24
 
       # The width tables fit in: the columns of the terminal `io` is (its winsize, else
-      # IO.console's) when it is one, DEFAULT_WIDTH otherwise or when the terminal does not say.
+      # IO.console's), DEFAULT_WIDTH when the terminal does not say; nil (rows uncut) when `io`
+      # is no terminal (a pipe, a file, the endpoint's ?report=1): what reads it there may want
+      # every character, and cutting a row in the middle of its site loses the part that matters.
       def self.terminal_width(io)
-        return DEFAULT_WIDTH unless io.respond_to?(:tty?) && io.tty?
+        return nil unless io.respond_to?(:tty?) && io.tty?
 
         columns = (io.respond_to?(:winsize) ? io.winsize : IO.console&.winsize)&.last
         columns.is_a?(Integer) && columns > 0 ? columns : DEFAULT_WIDTH
