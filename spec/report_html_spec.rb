@@ -18,9 +18,6 @@ require_relative "fixtures/profiles"
 RSpec.describe "datadog-heap report --html" do
   include ProfileFixtures
 
-  REPORT_HTML_CHROMIUM = %w[chromium chromium-browser google-chrome].map do |name|
-    ENV.fetch("PATH", "").split(File::PATH_SEPARATOR).map { |dir| File.join(dir, name) }.find { |p| File.executable?(p) }
-  end.compact.first
   REPORT_HTML_SCREENSHOT = File.expand_path("../tmp/report-html.png", __dir__)
   # The elements a page that runs nothing and fetches nothing is made of.
   REPORT_HTML_TAGS = %w[html head meta title style body h1 h2 h3 p section table thead tbody tr th td ul li div span
@@ -279,7 +276,7 @@ RSpec.describe "datadog-heap report --html" do
   end
 
   it "renders in headless chromium without console errors, flame graph and tables in its DOM (screenshot in tmp/)" do
-    skip "chromium is not installed (bin/setup --dev installs it; CI has it)" unless REPORT_HTML_CHROMIUM
+    skip "chromium is not installed (bin/setup --dev installs it; CI has it)" unless RecorderHelpers::CHROMIUM
 
     # A real profile: this process, recording every allocation while it builds a cache, parses
     # JSON and fills a Set; what stays alive is in it.
@@ -295,7 +292,7 @@ RSpec.describe "datadog-heap report --html" do
 
     FileUtils.mkdir_p(File.dirname(REPORT_HTML_SCREENSHOT))
     FileUtils.rm_f(REPORT_HTML_SCREENSHOT)
-    browser = [REPORT_HTML_CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    browser = [RecorderHelpers::CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
       "--disable-background-networking", "--disable-component-update", "--disable-sync",
       "--user-data-dir=#{Dir.mktmpdir("chromium", dir)}", "--enable-logging=stderr", "--v=0", "--window-size=1280,1800"]
     _, log, status = Open3.capture3(*browser, "--screenshot=#{REPORT_HTML_SCREENSHOT}", "file://#{html}")

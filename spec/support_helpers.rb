@@ -10,6 +10,12 @@ module RecorderHelpers
   # default interval raised on a busy machine). Specs of a child's stderr drop these lines.
   INCIDENTAL_WARNINGS = /bug #19529|\Adatadog_heap: asked 1 in \d+ allocations/
 
+  # A headless-capable Chromium on PATH (Debian's chromium; bin/setup --dev installs it), or nil:
+  # the HTML specs render their pages in it.
+  CHROMIUM = %w[chromium chromium-browser google-chrome].map do |name|
+    ENV.fetch("PATH", "").split(File::PATH_SEPARATOR).map { |dir| File.join(dir, name) }.find { |p| File.executable?(p) }
+  end.compact.first
+
   # `stderr` without INCIDENTAL_WARNINGS' lines.
   def self.without_incidental(stderr)
     stderr.lines.grep_v(INCIDENTAL_WARNINGS).join

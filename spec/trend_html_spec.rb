@@ -11,9 +11,6 @@ require_relative "fixtures/profiles"
 RSpec.describe "datadog-heap trend --html" do
   include ProfileFixtures
 
-  TREND_HTML_CHROMIUM = %w[chromium chromium-browser google-chrome].map do |name|
-    ENV.fetch("PATH", "").split(File::PATH_SEPARATOR).map { |dir| File.join(dir, name) }.find { |p| File.executable?(p) }
-  end.compact.first
   TREND_HTML_SCREENSHOT = File.expand_path("../tmp/trend-html-screenshot.png", __dir__)
 
   # Three profiles: the cache site grows, the buffer site stays.
@@ -66,14 +63,14 @@ RSpec.describe "datadog-heap trend --html" do
   end
 
   it "renders in headless chromium without console errors (screenshot in tmp/)" do
-    skip "chromium is not installed (bin/setup --dev installs it; CI has it)" unless TREND_HTML_CHROMIUM
+    skip "chromium is not installed (bin/setup --dev installs it; CI has it)" unless RecorderHelpers::CHROMIUM
 
     Dir.mktmpdir do |dir|
       html = File.join(dir, "trend.html")
       expect(cli("trend", *write_series(dir), "--app-root", "/app", "--html", html)[2]).to eq(0)
       FileUtils.mkdir_p(File.dirname(TREND_HTML_SCREENSHOT))
       FileUtils.rm_f(TREND_HTML_SCREENSHOT)
-      browser = [TREND_HTML_CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--user-data-dir=#{dir}/chromium",
+      browser = [RecorderHelpers::CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--user-data-dir=#{dir}/chromium",
         "--enable-logging=stderr", "--v=0", "--window-size=1000,700"]
       _, log, status = Open3.capture3(*browser, "--screenshot=#{TREND_HTML_SCREENSHOT}", "file://#{html}")
       expect(status.success?).to be(true), log

@@ -1,7 +1,6 @@
 # frozen_string_literal: true
 
-require "cgi"
-require_relative "cli/safe_text"
+require_relative "html_text"
 
 module DatadogHeap
   # An icicle graph of a profile's live heap by stack, as inline SVG (no script): the root, all
@@ -12,6 +11,8 @@ module DatadogHeap
   # MIN_WIDTH pixels are left out (their parent's width still counts them), as are frames past
   # MAX_RECTS.
   class FlameGraph
+    include HtmlText
+
     WIDTH = 1200
     ROW = 18
     MIN_WIDTH = 0.8
@@ -147,18 +148,6 @@ module DatadogHeap
       elsif library.start_with?("(") || library == "ruby (internal)" then :other
       else :gem
       end
-    end
-
-    def human(bytes)
-      CLI::Bytes.human_bytes(bytes)
-    end
-
-    def h(text)
-      CGI.escapeHTML(CLI::SafeText.escape(text))
-    end
-
-    def f(number)
-      format("%.1f", number)
     end
   end
 end

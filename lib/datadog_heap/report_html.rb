@@ -1,7 +1,6 @@
 # frozen_string_literal: true
 
-require "cgi"
-require_relative "cli/safe_text"
+require_relative "html_text"
 require_relative "flame_graph"
 require_relative "trend_html"
 
@@ -15,6 +14,8 @@ module DatadogHeap
   # Every text that comes from a profile (frames, files, classes, comments, paths) goes through
   # `h`: HTML-escaped, control characters shown as CLI::SafeText shows them.
   module ReportHtml
+    extend HtmlText
+
     BUDGET_NOTE = /asked 1 in (\d+) allocations, sampled 1 in (\d+) \(up to 1 in (\d+)\)/
     PID_IN_NAME = /\A(?:heap-(?:rss-)?(\d+)-\d+\.pb(?:\.gz)?|heap of pid (\d+))\z/
 
@@ -99,12 +100,6 @@ module DatadogHeap
         </body>
         </html>
       HTML
-    end
-
-    # Text from a profile as HTML: escaped for element text and quoted attribute values alike,
-    # control characters and stray bytes shown as CLI::SafeText shows them.
-    def h(text)
-      CGI.escapeHTML(CLI::SafeText.escape(text))
     end
 
     def name(profile)
@@ -226,10 +221,6 @@ module DatadogHeap
       %(<section id="trend">\n<h2>Trend over #{series[:profiles].size} profiles</h2>\n) +
         TrendHtml.section(series[:profiles], series[:trends], top: 12, paths: paths, heading: "h3") +
         "\n</section>"
-    end
-
-    def human(bytes)
-      CLI::Bytes.human_bytes(bytes)
     end
   end
 end

@@ -1,13 +1,14 @@
 # frozen_string_literal: true
 
-require "cgi"
-require_relative "cli/safe_text"
+require_relative "html_text"
 
 module DatadogHeap
   # `datadog-heap trend --html OUT.html`: one self-contained page (inline SVG and CSS, no script,
   # nothing fetched) with a small chart per top site: its live bytes in each profile with the
   # sampling error (±2σ), the fitted line, the slope, the confidence and the verdict.
   module TrendHtml
+    extend HtmlText
+
     WIDTH = 360
     HEIGHT = 170
     PAD_LEFT = 64
@@ -127,16 +128,6 @@ module DatadogHeap
         %(role="img" aria-label="live #{trend.unit} over time">#{parts.join}</svg>)
     end
 
-    # Text from a profile as HTML: escaped for HTML (element text and quoted attribute values
-    # alike), control characters and stray bytes shown as CLI::SafeText shows them.
-    def h(text)
-      CGI.escapeHTML(CLI::SafeText.escape(text))
-    end
-
-    def f(number)
-      format("%.1f", number)
-    end
-
     def time_text(seconds)
       seconds ? Time.at(seconds).utc.strftime("%Y-%m-%d %H:%M:%S UTC") : "?"
     end
@@ -149,10 +140,6 @@ module DatadogHeap
 
     def axis_value(value, unit)
       unit == :bytes ? human(value) : value.round.to_s
-    end
-
-    def human(bytes)
-      CLI::Bytes.human_bytes(bytes)
     end
 
     def signed_bytes(bytes)

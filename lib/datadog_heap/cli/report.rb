@@ -104,7 +104,8 @@ module DatadogHeap
       # as much as itself, and one heavy object sampled once (a Class, a Thread's stack) outweighs
       # a leak of thousands of small ones. Rough rows follow, in the same order.
       def measured_first(sites)
-        sites.reject(&:rough?) + sites.select(&:rough?)
+        rough, measured = sites.partition(&:rough?)
+        measured + rough
       end
 
       def report(profile, options)
