@@ -205,14 +205,17 @@ RSpec.describe "windowed sampler" do
     end
     fast, slow, shared, lost = runs.transpose
     # Six runs: the mean's deviation is about 0.004 for the Arrays (0.012 without the sharing),
-    # 0.016 for the Strings.
-    expect(fast.sum / fast.size).to be_within(0.03).of(1.0), "Arrays: #{fast.map { |r| r.round(3) }}"
+    # 0.016 for the Strings, alone. Inside the full suite on a loaded 2-core machine the Arrays'
+    # mean once came to 0.966 (runs 0.940 to 0.983; about 1 suite run in 16): the sharing's rate
+    # model sees a scheduler that delays the window timer, so the bound there is 0.045. Crediting
+    # each gap to the window after it (the defect this guards) gave 0.949 every run.
+    expect(fast.sum / fast.size).to be_within(0.045).of(1.0), "Arrays: #{fast.map { |r| r.round(3) }}"
     expect(slow.sum / slow.size).to be_within(0.08).of(1.0), "Strings: #{slow.map { |r| r.round(3) }}"
     expect(shared).to all(be >= 1)
     expect(lost).to all(eq 0)
   end
 
-  it "weighs a window that stop cut short by the part of it that came" do
+  it "weighs a window that stop cut short by the part of it that came", :heavy do
     # A long gap of retained Strings, then a window at one a second, then more Strings inside it
     # and `stop` before it closes: the window's samples stand for the gap and the part of the
     # window that came. Scaling them as if the window had completed gave a(G + a) / L instead of
