@@ -1,6 +1,7 @@
-//! A per-frame cache for stacks the stack cache does not know (issue 22): from one frame's raw
-//! identity (the VM's frame handle, what locates it, its line) to its interned [`Frame`], for the
-//! period the caller's handles are stable in (its epoch; in CRuby, between two GCs). In a service
+//! A per-frame cache for stacks the stack cache does not know: from one frame's raw identity (the
+//! VM's frame handle, what locates it, its line) to its interned [`Frame`], for the period the
+//! caller's handles are stable in (its epoch: in the binding, for as long as every GC marked the
+//! handles held here, see [`FrameCache::for_each_handle`]). In a service
 //! most of a new stack is frames seen a moment ago (the server's and framework's, the bottom
 //! tens of frames of every request): those are neither named nor interned again, and an equal
 //! stack that is already a heap record is found by ids alone, interning nothing.
@@ -32,6 +33,10 @@ pub struct FrameKey {
     pub locator: u64,
     pub line: i32,
 }
+
+/// Locators up to this one are sentinels (0: the frame is where it is; 1: no Ruby frame to
+/// locate it at), not frame handles.
+pub const LAST_SENTINEL_LOCATOR: u64 = 1;
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
@@ -83,6 +88,18 @@ impl FrameCache {
             strings.unintern_all([old.name, old.filename])?;
         }
         Ok(frame)
+    }
+
+    /// Calls `f` with every frame handle the kept keys hold (handles and locators; the locator's
+    /// small sentinels are not handles), for the binding to keep alive and unmoved (see
+    /// `StackCache::for_each_handle`). Never allocates.
+    pub fn for_each_handle(&self, mut f: impl FnMut(u64)) {
+        for key in self.frames.keys() {
+            f(key.handle);
+            if key.locator > LAST_SENTINEL_LOCATOR {
+                f(key.locator);
+            }
+        }
     }
 
     /// Forgets every frame, giving back its references.

@@ -45,32 +45,113 @@ pub type Stack = Arc<[Frame]>;
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
-/// The set of heap records: stack -> number of tracked objects pointing at it.
+/// Most dormant records kept (stacks no tracked object points at any more, kept with their
+/// string ids so that the next sample there interns nothing). Past it, those unused since the
+/// last sweep go, then all of them if that is not enough.
+pub const MAX_DORMANT_STACKS: usize = 4096;
+
+/// One heap record's claims. `Cell`s so that a lookup can raise the count through the same
+/// shared borrow that finds the record's key.
+#[derive(Debug, Default)]
+struct Claims {
+    count: Cell<u32>,
+    /// Claimed since the last sweep: a dormant record that was not is given back by the next.
+    used: Cell<bool>,
+}
+
+/// The set of heap records: stack -> number of tracked objects pointing at it. A record whose
+/// count falls to 0 stays, dormant, holding its string ids: in a service most samples are of
+/// short-lived objects at stacks seen before, and a dormant record makes the next sample there
+/// cost a count instead of interning a whole stack. Dormant records are invisible (`len`,
+/// `count`, `iter` see live ones only) and are given back by [`HeapRecords::sweep_dormant`],
+/// which the recorder runs at every full update, and past [`MAX_DORMANT_STACKS`].
 #[derive(Default)]
 pub struct HeapRecords {
-    /// A `Cell` so that `acquire_existing` can raise a count in the same lookup that finds the
-    /// record's key.
-    records: FxMap<Stack, Cell<u32>>,
+    records: FxMap<Stack, Claims>,
+    /// Records with a count of 0.
+    dormant: usize,
+    /// String references held by all records, dormant ones included.
+    refs: u64,
     /// Scratch buffer reused by every `acquire`, so a lookup of an existing stack allocates nothing.
     scratch: Vec<Frame>,
 }
 
+/// The string references a stack's frames hold (the empty string's id 0 holds none).
+pub(crate) fn refs_of(stack: &[Frame]) -> u64 {
+    stack
+        .iter()
+        .map(|f| u64::from(f.name != 0) + u64::from(f.filename != 0))
+        .sum()
+}
+
 impl HeapRecords {
+    /// Live records (at least one object points at them).
     pub fn len(&self) -> usize {
-        self.records.len()
+        self.records.len() - self.dormant
     }
 
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
+        self.len() == 0
     }
 
-    /// Number of objects that point at `stack` (0 when it is not recorded).
+    /// Dormant records (see the type's docs).
+    pub fn dormant(&self) -> usize {
+        self.dormant
+    }
+
+    /// String references held by every record, dormant ones included.
+    pub fn refs(&self) -> u64 {
+        self.refs
+    }
+
+    /// Number of objects that point at `stack` (0 when it is not recorded, or dormant).
     pub fn count(&self, stack: &[Frame]) -> u32 {
-        self.records.get(stack).map_or(0, Cell::get)
+        self.records.get(stack).map_or(0, |c| c.count.get())
     }
 
+    /// The live records and their counts.
     pub fn iter(&self) -> impl Iterator<Item = (&Stack, u32)> {
-        self.records.iter().map(|(s, c)| (s, c.get()))
+        (self.records.iter())
+            .map(|(s, c)| (s, c.count.get()))
+            .filter(|&(_, count)| count > 0)
+    }
+
+    /// Every record, dormant ones included (their count is 0).
+    pub fn iter_all(&self) -> impl Iterator<Item = (&Stack, u32)> {
+        self.records.iter().map(|(s, c)| (s, c.count.get()))
+    }
+
+    /// A new record for the frames in `scratch`, claimed once; its ids are its own references.
+    fn insert_scratch(&mut self) -> Stack {
+        let stack: Stack = Arc::from(self.scratch.as_slice());
+        self.refs += refs_of(&stack);
+        let claims = Claims {
+            count: Cell::new(1),
+            used: Cell::new(true),
+        };
+        self.records.insert(stack.clone(), claims);
+        stack
+    }
+
+    /// Gives back every dormant record that was not claimed since the last sweep (`all`: every
+    /// dormant record), with its string ids; the others are marked unclaimed for the next.
+    /// Returns how many went.
+    pub fn sweep_dormant(&mut self, strings: &mut Batch<'_>, all: bool) -> usize {
+        let mut gone = Vec::new();
+        self.records.retain(|stack, claims| {
+            let keep = claims.count.get() > 0 || (claims.used.get() && !all);
+            claims.used.set(false);
+            if !keep {
+                gone.push(stack.clone());
+            }
+            keep
+        });
+        for stack in &gone {
+            self.refs = self.refs.saturating_sub(refs_of(stack));
+            release_ids(strings, stack);
+        }
+        self.dormant -= gone.len();
+        gone.len()
     }
 
     /// Interns `frames` in one batch and returns the heap record for them with its count raised
@@ -109,17 +190,14 @@ impl HeapRecords {
             }
         }
 
-        if let Some((stack, count)) = self.records.get_key_value(self.scratch.as_slice()) {
+        if let Some((stack, claims)) = self.records.get_key_value(self.scratch.as_slice()) {
             // The existing record already holds its own references; give back ours first, so a
             // count overflow below leaves the storage as it was.
             release_ids(strings, &self.scratch);
-            add_object(count)?;
+            claim(claims, &mut self.dormant)?;
             return Ok(stack.clone());
         }
-
-        let stack: Stack = Arc::from(self.scratch.as_slice());
-        self.records.insert(stack.clone(), Cell::new(1));
-        Ok(stack)
+        Ok(self.insert_scratch())
     }
 
     /// [`HeapRecords::acquire`] for a source with per-frame keys: frames the frame cache knows
@@ -163,11 +241,11 @@ impl HeapRecords {
             }
             None => None,
         };
-        if let Some((stack, count)) = self.records.get_key_value(self.scratch.as_slice()) {
+        if let Some((stack, claims)) = self.records.get_key_value(self.scratch.as_slice()) {
             if let Some(name) = marker {
                 strings.unintern(name)?;
             }
-            add_object(count)?;
+            claim(claims, &mut self.dormant)?;
             return Ok(stack.clone());
         }
         // A new record: its own reference on each id the cache lent (the marker has one).
@@ -191,60 +269,59 @@ impl HeapRecords {
                 return Err(e);
             }
         }
-        let stack: Stack = Arc::from(self.scratch.as_slice());
-        self.records.insert(stack.clone(), Cell::new(1));
-        Ok(stack)
+        Ok(self.insert_scratch())
     }
 
     /// Raises by one the count of `stack` if that very stack (not merely an equal one) is still a
-    /// heap record, and says whether it was. A stack that stopped being a record may have given
-    /// back its string ids, which may since name other strings, so only the live original is
-    /// trusted. Interns nothing; never allocates. Fails (changing nothing) at the count limit.
+    /// heap record, live or dormant, and says whether it was. A stack that stopped being a record
+    /// has given back its string ids, which may since name other strings, so only the original
+    /// is trusted. Interns nothing; never allocates. Fails (changing nothing) at the count limit.
     pub fn acquire_existing(&mut self, stack: &Stack) -> Result<bool> {
         // One lookup: the count is a Cell, so it can be raised through the shared borrow that
         // also hands out the record's own Arc to compare with.
-        let Some((record, count)) = self.records.get_key_value(&**stack) else {
+        let Some((record, claims)) = self.records.get_key_value(&**stack) else {
             return Ok(false);
         };
         if !Arc::ptr_eq(record, stack) {
             return Ok(false);
         }
-        let next = count
-            .get()
-            .checked_add(1)
-            .ok_or(HeapError::TooManyObjectsForStack { count: count.get() })?;
-        count.set(next);
+        claim(claims, &mut self.dormant)?;
         Ok(true)
     }
 
-    /// Drops one object's claim on `stack`; the last claim removes the record and gives back all
-    /// of its string ids.
+    /// Drops one object's claim on `stack`; the last claim makes the record dormant (see the
+    /// type's docs), and past [`MAX_DORMANT_STACKS`] dormant records are swept.
     pub fn release(&mut self, strings: &mut Batch<'_>, stack: &Stack) -> Result<()> {
-        let Some(count) = self.records.get_mut(&**stack) else {
+        let live = self.records.get(&**stack).map(|c| (c, c.count.get()));
+        let Some((claims, count @ 1..)) = live else {
             return Err(HeapError::Strings(
-                "released a stack that has no heap record".into(),
+                "released a stack that has no live heap record".into(),
             ));
         };
-        let left = count.get() - 1;
-        count.set(left);
-        if left == 0 {
-            self.records.remove(&**stack);
-            release_ids(strings, stack);
+        claims.count.set(count - 1);
+        if count == 1 {
+            self.dormant += 1;
+            if self.dormant > MAX_DORMANT_STACKS {
+                self.sweep_dormant(strings, false);
+            }
+            if self.dormant > MAX_DORMANT_STACKS {
+                self.sweep_dormant(strings, true);
+            }
         }
         Ok(())
     }
 
-    /// Test aid: sets the count of a recorded stack.
+    /// Test aid: sets the count of a live recorded stack.
     #[cfg(test)]
     pub(crate) fn set_count_for_test(&self, stack: &[Frame], count: u32) {
         if let Some(c) = self.records.get(stack) {
-            c.set(count);
+            c.count.set(count);
         }
     }
 
     /// Approximate heap bytes held (tables and stacks), for `ObjectSpace.memsize_of`.
     pub fn memsize(&self) -> usize {
-        let table = self.records.capacity() * (std::mem::size_of::<(Stack, Cell<u32>)>() + 1);
+        let table = self.records.capacity() * (std::mem::size_of::<(Stack, Claims)>() + 1);
         let stacks: usize = self
             .records
             .keys()
@@ -273,13 +350,18 @@ fn release_ids(strings: &mut Batch<'_>, frames: &[Frame]) {
     let _ = strings.unintern_all(frames.iter().flat_map(|f| [f.name, f.filename]));
 }
 
-/// One more object on a heap record: an error, with the count unchanged, past `u32::MAX`.
-fn add_object(count: &Cell<u32>) -> Result<()> {
+/// One more object on a heap record (waking it if it was dormant): an error, with the count
+/// unchanged, past `u32::MAX`.
+fn claim(claims: &Claims, dormant: &mut usize) -> Result<()> {
+    let count = claims.count.get();
     let next = count
-        .get()
         .checked_add(1)
-        .ok_or(HeapError::TooManyObjectsForStack { count: count.get() })?;
-    count.set(next);
+        .ok_or(HeapError::TooManyObjectsForStack { count })?;
+    claims.count.set(next);
+    claims.used.set(true);
+    if count == 0 {
+        *dormant -= 1;
+    }
     Ok(())
 }
 
@@ -338,7 +420,7 @@ mod tests {
     }
 
     #[test]
-    fn last_release_removes_record_and_strings() {
+    fn last_release_leaves_a_dormant_record_that_the_second_sweep_gives_back() {
         let strings = Strings::new();
         let mut b = strings.lock().unwrap();
         let mut records = HeapRecords::default();
@@ -349,6 +431,18 @@ mod tests {
         assert_eq!(b.get(s[0].name).unwrap(), "only_here");
         records.release(&mut b, &s).unwrap();
         assert!(records.is_empty());
+        assert_eq!((records.dormant(), records.count(&s)), (1, 0));
+        assert_eq!(records.iter().count(), 0);
+        // Dormant, the very same stack is claimed again without interning.
+        assert!(records.acquire_existing(&s).unwrap());
+        assert_eq!((records.len(), records.dormant()), (1, 0));
+        records.release(&mut b, &s).unwrap();
+        // Claimed since the last sweep: the first keeps it, the second gives it back.
+        assert_eq!(records.sweep_dormant(&mut b, false), 0);
+        assert_eq!(b.get(s[0].name).unwrap(), "only_here");
+        assert_eq!(records.sweep_dormant(&mut b, false), 1);
+        assert_eq!((records.dormant(), records.refs()), (0, 0));
+        assert!(!records.acquire_existing(&s).unwrap());
         assert!(b.get(s[0].name).is_err());
         assert!(b.get(s[0].filename).is_err());
         assert!(records.release(&mut b, &s).is_err());
@@ -386,7 +480,7 @@ mod tests {
         let mut records = HeapRecords::default();
         let frames = raw(&[("a", "x.rb", 1)]);
         let s = records.acquire(&mut b, &frames).unwrap();
-        records.records[&*s].set(u32::MAX);
+        records.records[&*s].count.set(u32::MAX);
         let err = records.acquire(&mut b, &frames).unwrap_err();
         assert!(matches!(err, HeapError::TooManyObjectsForStack { .. }));
         assert_eq!(records.count(&s), u32::MAX);

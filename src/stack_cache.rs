@@ -3,8 +3,9 @@
 //! sampler naming every frame and interning every name again.
 //!
 //! What makes a hit trustworthy:
-//! - Frame handles are only stable for a while (in CRuby, between two GCs: compaction moves
-//!   them, a freed one's slot is reused). The caller says which period a key belongs to
+//! - Frame handles are only stable while something keeps them alive and unmoved. The binding
+//!   marks (and so pins) every handle the cache holds at every GC ([`StackCache::for_each_handle`]);
+//!   when it could not, it starts a new period. The caller says which period a key belongs to
 //!   (`epoch`); an entry filled in another period never matches.
 //! - The cache holds no reference in the recorder (no heap record count, no string id). Its
 //!   [`Stack`] is only a pointer to compare: the recorder reuses it only while the very same
@@ -41,7 +42,7 @@ pub struct RawStackKey<'a> {
     pub lines: &'a [i32],
     /// Whatever else the resolved frames depend on (the binding: `max_frames`).
     pub salt: u64,
-    /// The period in which the handles are stable (the binding: the GC count).
+    /// The period in which the handles are stable (the binding: [`crate::HeapRecorder::handle_epoch`]).
     pub epoch: u64,
 }
 
@@ -220,6 +221,15 @@ impl StackCache {
     pub fn clear(&mut self) {
         for slot in self.slots.iter_mut() {
             slot.stack = None;
+        }
+    }
+
+    /// Calls `f` with every frame handle a filled slot holds, so the binding can keep them alive
+    /// (and unmoved) for as long as they are cached: then a handle never names another frame
+    /// while its slot is filled, and entries outlive GCs. Never allocates.
+    pub fn for_each_handle(&self, mut f: impl FnMut(u64)) {
+        for slot in self.slots.iter().filter(|s| s.stack.is_some()) {
+            slot.frames.iter().for_each(|&h| f(h));
         }
     }
 

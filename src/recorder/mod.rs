@@ -7,6 +7,7 @@
 //! thread in (WeakMap writes and reads may), that thread finds the state unborrowed and the soft
 //! lock telling it what it may do.
 
+mod caches;
 mod iteration;
 mod record;
 mod update;
@@ -18,10 +19,8 @@ use std::hash::BuildHasherDefault;
 use rustc_hash::FxHasher;
 
 use crate::error::{HeapError, Result, FIXNUM_MAX};
-use crate::frame_cache::FrameCache;
 use crate::lock::{LockGuard, SoftLock};
-use crate::stack::{Frame, HeapRecords, Stack};
-use crate::stack_cache::StackCache;
+use crate::stack::{HeapRecords, Stack};
 use crate::stats::{LastUpdate, Lifetime, Stats};
 use crate::strings::{StringId, Strings};
 use crate::vm::{ObjectRef, Vm};
@@ -135,11 +134,6 @@ type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 pub(crate) struct State {
     options: RecorderOptions,
     heap_records: HeapRecords,
-    /// Raw stack key -> a stack in `heap_records`; holds no reference (see stack_cache.rs).
-    stack_cache: StackCache,
-    /// Raw frame key -> interned frame, for stacks the stack cache misses; holds references on
-    /// its ids (see frame_cache.rs).
-    frame_cache: FrameCache,
     object_records: FxMap<i64, ObjectRecord>,
     next_record_id: i64,
     /// Recordings seen since the last one kept, against `sample_rate`.
@@ -155,8 +149,9 @@ pub(crate) struct State {
     last_update_ns: Option<i64>,
     last_update: LastUpdate,
     lifetime: Lifetime,
-    /// String references we hold in the storage (interns minus uninterns of non-empty strings).
-    string_refs: u64,
+    /// Class-name references the records hold in the storage (the stacks' are counted by
+    /// `heap_records`).
+    class_refs: u64,
     /// Recordings are kept one in `thinning` on top of `sample_rate`, each weighted by it: a power
     /// of two, 1 unless the records neared `max_tracked_objects` (see `update`).
     thinning: u64,
@@ -182,6 +177,9 @@ pub struct HeapRecorder {
     /// run whenever the VM allocates, always finds them: `state` stays borrowed across calls that
     /// may allocate (an object's size function, during updates), this never does.
     pending: RefCell<Vec<PendingRecording>>,
+    /// The sampling path's caches, apart for the same reason (see caches.rs).
+    caches: RefCell<caches::Caches>,
+    handle_epoch: caches::HandleEpoch,
     strings: Strings,
 }
 
@@ -191,13 +189,6 @@ impl Default for HeapRecorder {
     }
 }
 
-fn refs_of(stack: &[Frame]) -> u64 {
-    stack
-        .iter()
-        .map(|f| u64::from(f.name != 0) + u64::from(f.filename != 0))
-        .sum()
-}
-
 impl HeapRecorder {
     pub fn new(options: RecorderOptions) -> Self {
         HeapRecorder {
@@ -205,8 +196,6 @@ impl HeapRecorder {
             state: RefCell::new(State {
                 options,
                 heap_records: HeapRecords::default(),
-                stack_cache: StackCache::default(),
-                frame_cache: FrameCache::default(),
                 object_records: FxMap::default(),
                 next_record_id: 0,
                 since_last_kept: 0,
@@ -217,11 +206,13 @@ impl HeapRecorder {
                 last_update_ns: None,
                 last_update: LastUpdate::default(),
                 lifetime: Lifetime::default(),
-                string_refs: 0,
+                class_refs: 0,
                 thinning: 1,
                 rng: 0x9E37_79B9_7F4A_7C15,
             }),
             pending: RefCell::new(Vec::with_capacity(MAX_PENDING_RECORDINGS)),
+            caches: RefCell::default(),
+            handle_epoch: caches::HandleEpoch::default(),
             strings: Strings::new(),
         }
     }
@@ -357,10 +348,8 @@ impl HeapRecorder {
     /// Gives back what one record holds: its claim on the stack and its class name.
     fn release_record(&self, state: &mut State, stack: &Stack, class: StringId) -> Result<()> {
         let mut strings = self.strings.lock()?;
-        let last = state.heap_records.count(stack) == 1;
         state.heap_records.release(&mut strings, stack)?;
-        let freed = u64::from(class != 0) + if last { refs_of(stack) } else { 0 };
-        state.string_refs = state.string_refs.saturating_sub(freed);
+        state.class_refs = state.class_refs.saturating_sub(u64::from(class != 0));
         strings.unintern(class)
     }
 
@@ -371,8 +360,9 @@ impl HeapRecorder {
         let mut state = self.state()?;
         state.iterating = false;
         state.lifetime = Lifetime::default();
-        state.stack_cache.clear();
-        state.frame_cache.clear(&mut self.strings.lock()?)?;
+        let mut caches = self.caches()?;
+        caches.stacks.clear();
+        caches.frames.clear(&mut self.strings.lock()?)?;
         Ok(())
     }
 
@@ -384,7 +374,8 @@ impl HeapRecorder {
             pending_recordings_count: self.pending_len()? as u64,
             last_update: state.last_update,
             lifetime: state.lifetime,
-            string_refs: state.string_refs,
+            string_refs: state.class_refs + state.heap_records.refs(),
+            dormant_heap_records: state.heap_records.dormant() as u64,
             thinning: state.thinning,
         })
     }
@@ -513,9 +504,8 @@ impl HeapRecorder {
             + state.object_records.capacity() * object_entry
             + pending.capacity() * std::mem::size_of::<PendingRecording>()
             + state.heap_records.memsize()
-            + state.stack_cache.memsize()
-            + state.frame_cache.memsize()
-            + state.string_refs as usize * 8
+            + self.caches_memsize()
+            + (state.class_refs + state.heap_records.refs()) as usize * 8
     }
 }
 

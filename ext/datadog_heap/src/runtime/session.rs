@@ -115,14 +115,18 @@ impl Session {
         }
     }
 
-    /// Marks (and pins) every Ruby object the session holds: the WeakMap, and the objects of
-    /// pending recordings (alive and unmoved until their commit). Tracked objects are not marked:
-    /// the WeakMap holds them weakly, which is how we learn they died. Called from mark
-    /// functions; never allocates, raises or panics.
+    /// Marks (and pins) every Ruby object the session holds: the WeakMap, the objects of
+    /// pending recordings (alive and unmoved until their commit), and the frame handles (iseqs,
+    /// method entries) the sampling path's caches hold, so that a cached handle keeps naming the
+    /// frame it named (see `capture.rs`). Tracked objects are not marked: the WeakMap holds them
+    /// weakly, which is how we learn they died. Called from mark functions; never allocates,
+    /// raises or panics.
     pub fn mark(&self) {
         shims::gc_mark(self.weak_map.get());
-        // The queue is never borrowed across an allocation, so a GC always finds it free.
+        // The queue and the caches are never borrowed across an allocation, so a GC finds them
+        // free (if not, the core starts a new handle epoch).
         let _ = (self.core).for_each_pending_object(|object| shims::gc_mark(object as VALUE));
+        (self.core).mark_cached_handles(|handle| shims::gc_mark(handle as VALUE));
     }
 
     pub fn mark_dropped(&self) {
