@@ -4,6 +4,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use rustc_hash::FxHasher;
@@ -53,10 +54,13 @@ pub const MAX_DORMANT_STACKS: usize = 4096;
 /// One heap record's claims. `Cell`s so that a lookup can raise the count through the same
 /// shared borrow that finds the record's key.
 #[derive(Debug, Default)]
-struct Claims {
+pub struct Claims {
     count: Cell<u32>,
     /// Claimed since the last sweep: a dormant record that was not is given back by the next.
     used: Cell<bool>,
+    /// The record was swept away (its ids given back): whoever kept these claims (the stack
+    /// cache) must not claim through them.
+    gone: Cell<bool>,
 }
 
 /// The set of heap records: stack -> number of tracked objects pointing at it. A record whose
@@ -67,7 +71,8 @@ struct Claims {
 /// which the recorder runs at every full update, and past [`MAX_DORMANT_STACKS`].
 #[derive(Default)]
 pub struct HeapRecords {
-    records: FxMap<Stack, Claims>,
+    /// Shared so that the stack cache can claim a record it found without a lookup here.
+    records: FxMap<Stack, Rc<Claims>>,
     /// Records with a count of 0.
     dormant: usize,
     /// String references held by all records, dormant ones included.
@@ -125,10 +130,11 @@ impl HeapRecords {
     fn insert_scratch(&mut self) -> Stack {
         let stack: Stack = Arc::from(self.scratch.as_slice());
         self.refs += refs_of(&stack);
-        let claims = Claims {
+        let claims = Rc::new(Claims {
             count: Cell::new(1),
             used: Cell::new(true),
-        };
+            gone: Cell::new(false),
+        });
         self.records.insert(stack.clone(), claims);
         stack
     }
@@ -142,6 +148,7 @@ impl HeapRecords {
             let keep = claims.count.get() > 0 || (claims.used.get() && !all);
             claims.used.set(false);
             if !keep {
+                claims.gone.set(true);
                 gone.push(stack.clone());
             }
             keep
@@ -289,6 +296,21 @@ impl HeapRecords {
         Ok(true)
     }
 
+    /// The claims of `stack`'s record (equal frames), for the stack cache to keep.
+    pub fn claims_of(&self, stack: &[Frame]) -> Option<Rc<Claims>> {
+        self.records.get(stack).cloned()
+    }
+
+    /// [`HeapRecords::acquire_existing`] through claims the stack cache kept: raises the record's
+    /// count unless it was swept away since. One memory access instead of a lookup.
+    pub fn acquire_claimed(&mut self, claims: &Claims) -> Result<bool> {
+        if claims.gone.get() {
+            return Ok(false);
+        }
+        claim(claims, &mut self.dormant)?;
+        Ok(true)
+    }
+
     /// Drops one object's claim on `stack`; the last claim makes the record dormant (see the
     /// type's docs), and past [`MAX_DORMANT_STACKS`] dormant records are swept.
     pub fn release(&mut self, strings: &mut Batch<'_>, stack: &Stack) -> Result<()> {
@@ -321,7 +343,8 @@ impl HeapRecords {
 
     /// Approximate heap bytes held (tables and stacks), for `ObjectSpace.memsize_of`.
     pub fn memsize(&self) -> usize {
-        let table = self.records.capacity() * (std::mem::size_of::<(Stack, Claims)>() + 1);
+        let table = self.records.capacity() * (std::mem::size_of::<(Stack, Rc<Claims>)>() + 1)
+            + self.records.len() * std::mem::size_of::<Claims>();
         let stacks: usize = self
             .records
             .keys()

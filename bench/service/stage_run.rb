@@ -28,11 +28,20 @@ Dir.mktmpdir("stage-run-") do |out|
   puts "#{result[:requests]} requests in #{(result[:duration_us] / 1e6).round(1)} s over #{workers.size} workers"
   workers.each do |w|
     samples = w[:stats][:sampler_samples_recorded]
-    stages = w[:stages].to_h { |name, ns, count| [name, [ns, count]] }
+    stages = w[:stages].to_h { |name, ns, count, median| [name, [ns, count, median || 0]] }
     timed = %w[sample commit young_update].sum { |name| stages.fetch(name, [0])[0] }
-    puts format("worker: %.1f s CPU, %.0f allocations per request, %d samples, budget total %.3f s (%.2f%%), stages %.3f s, %.1f µs per sample",
+    # All in, from medians: the hook's sampled path and the commit per sample, the young
+    # updates' total spread over the samples.
+    median_all_in = (stages.fetch("sample", [0, 0, 0])[2] + stages.fetch("commit", [0, 0, 0])[2] +
+      stages.fetch("young_update", [0])[0].fdiv([samples, 1].max)) / 1e3
+    puts format("worker: %.1f s CPU, %.0f allocations per request, %d samples, budget total %.3f s (%.2f%%), stages %.3f s, %.1f µs per sample (mean), %.1f µs (medians)",
       w[:cpu], w[:allocations] / per_worker, samples, w[:stats][:sampler_overhead_ns_total] / 1e9,
-      100.0 * w[:stats][:sampler_overhead_ns_total] / 1e9 / w[:cpu], timed / 1e9, timed / 1e3 / [samples, 1].max)
-    puts "  " + stages.map { |name, (ns, count)| "#{name} #{(ns / 1e6).round(1)} ms / #{count}" }.join(", ")
+      100.0 * w[:stats][:sampler_overhead_ns_total] / 1e9 / w[:cpu], timed / 1e9, timed / 1e3 / [samples, 1].max, median_all_in)
+    puts "  " + stages.map { |name, (ns, count, median)|
+      "#{name} #{count}× mean #{(ns.fdiv([count, 1].max) / 1e3).round(2)} / median #{(median / 1e3).round(2)} µs"
+    }.join(", ")
+    hits, misses = w[:stats].values_at(:lifetime_stack_cache_hits, :lifetime_stack_cache_misses)
+    puts format("  stack cache hits %.0f%% (%d / %d), %d GCs, interval at exit %d", 100.0 * hits / [hits + misses, 1].max,
+      hits, hits + misses, w[:gcs], w[:stats][:sampler_effective_sample_every])
   end
 end

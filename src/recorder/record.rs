@@ -31,8 +31,12 @@ fn acquire_stack<S: FrameSource + ?Sized>(
     let Caches { stacks, frames } = caches;
     let key = source.key().filter(|_| stacks.is_active());
     if let Some(key) = &key {
-        if let Some(stack) = stacks.get(key) {
-            if heap_records.acquire_existing(stack)? {
+        if let Some((stack, claims)) = stacks.get_entry(key) {
+            let claimed = match claims {
+                Some(claims) => heap_records.acquire_claimed(claims)?,
+                None => heap_records.acquire_existing(stack)?,
+            };
+            if claimed {
                 lifetime.stack_cache_hits += 1;
                 return Ok(stack.clone());
             }
@@ -54,7 +58,7 @@ fn acquire_stack<S: FrameSource + ?Sized>(
     frames.keys = keys;
     let stack = stack?;
     if let Some(key) = &key {
-        stacks.insert(key, &stack);
+        stacks.insert_with_claims(key, &stack, heap_records.claims_of(&stack));
     }
     Ok(stack)
 }
@@ -187,7 +191,7 @@ impl HeapRecorder {
         let weight = weight
             .checked_mul(u64::from(state.options.sample_rate))
             .and_then(|w| w.checked_mul(state.thinning))
-            .ok_or(HeapError::WeightOverflow {
+            .ok_or_else(|| HeapError::WeightOverflow {
                 weight,
                 sample_rate: state.options.sample_rate,
             })?;
