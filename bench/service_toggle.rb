@@ -32,21 +32,25 @@ WARMUP_REQUESTS = Bench.pick(10_000, 1_000)
 ALL_VARIANTS = {"recorder on/off (defaults)" => "on", "countdown recorder on/off" => "countdown", "empty NEWOBJ hook on/off (VM floor)" => "hook",
                 "A/A (both off)" => "off"}.freeze
 # TOGGLE_VARIANTS=on,off (modes, comma-separated) runs those rows only.
-VARIANTS = ENV["TOGGLE_VARIANTS"] ? ALL_VARIANTS.select { |_, m| ENV["TOGGLE_VARIANTS"].split(",").include?(m) } : ALL_VARIANTS
+SELECTED = ENV["TOGGLE_VARIANTS"] ? ALL_VARIANTS.select { |_, m| ENV["TOGGLE_VARIANTS"].split(",").include?(m) } : ALL_VARIANTS
+# SERVICE_APPS=sinatra,rails (the default): each row on the sinatra service and on the Rails app
+# of examples/rails_leak (its leak off).
+APPS = ENV.fetch("SERVICE_APPS", ServiceCluster::APPS.join(",")).split(",")
+VARIANTS = APPS.product(SELECTED.to_a).to_h { |app, (label, mode)| ["#{app}: #{label}", [mode, app]] }
 
-missing = ServiceCluster.missing_tools
+missing = APPS.flat_map { |app| ServiceCluster.missing_tools(app) }.uniq
 abort "bench/service_toggle.rb needs #{missing.join(", ")}: run bin/setup --dev" unless missing.empty?
 
-def run(mode, scratch)
+def run((mode, app), scratch)
   out = Dir.mktmpdir("toggle-", scratch)
   env = {"RUBYOPT" => "-I#{ServiceCluster::LIB} -r#{File.join(__dir__, "service", "toggle.rb")}", "TOGGLE_OUT" => out,
          "TOGGLE_PHASE" => PHASE.to_s, "TOGGLE_MODE" => mode}
-  cluster = ServiceCluster::Cluster.new(env: env, log: File.join(scratch, "puma.log"))
+  cluster = ServiceCluster::Cluster.new(env: env, log: File.join(scratch, "puma.log"), app: app)
   cluster.wait_booted
   workers = cluster.worker_pids
-  ServiceCluster.wrk(cluster.port, seconds: 60, max_requests: WARMUP_REQUESTS)
+  ServiceCluster.wrk(cluster.port, seconds: 60, max_requests: WARMUP_REQUESTS, app: app)
   from = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-  result = ServiceCluster.wrk(cluster.port, seconds: SECONDS, max_requests: 10**9)
+  result = ServiceCluster.wrk(cluster.port, seconds: SECONDS, max_requests: 10**9, app: app)
   to = Process.clock_gettime(Process::CLOCK_MONOTONIC)
   sleep PHASE + 0.5 # the phase running at the end is written when it ends
   cluster.stop

@@ -6,6 +6,9 @@
 # samples, the budget's own total and each stage's (name, nanoseconds, count). Not part of
 # `rake bench`; README "The service's CPU per request" quotes one run.
 #
+# SERVICE_APP=rails runs the Rails app of examples/rails_leak (its leak off) instead of the
+# sinatra service; STAGE_SAMPLER=windowed|countdown and STAGE_SAMPLE_EVERY=N pick the recorder.
+#
 # Run: ruby -Ilib bench/service/stage_run.rb
 require_relative "../support"
 require "tmpdir"
@@ -14,10 +17,12 @@ require_relative "../../examples/service/cluster"
 seconds = Integer(ENV.fetch("SECONDS", "40"))
 Dir.mktmpdir("stage-run-") do |out|
   env = {"RUBYOPT" => "-I#{ServiceCluster::LIB} -r#{File.join(__dir__, "stage_worker.rb")}", "STAGE_OUT" => out}
-  cluster = ServiceCluster::Cluster.new(env: env, log: File.join(out, "puma.log"))
+  app = ENV.fetch("SERVICE_APP", "sinatra")
+  cluster = ServiceCluster::Cluster.new(env: env, log: File.join(out, "puma.log"), app: app)
   begin
     cluster.wait_booted
-    result = ServiceCluster.wrk(cluster.port, seconds: seconds, max_requests: 10**9)
+    ServiceCluster.wrk(cluster.port, seconds: 60, max_requests: 4_000, app: app) # warm-up
+    result = ServiceCluster.wrk(cluster.port, seconds: seconds, max_requests: 10**9, app: app)
     sleep 2.5 # each worker writes every 2 s
     cluster.stop
   ensure

@@ -83,9 +83,14 @@ end
 
 Process.singleton_class.prepend(ServiceToggle::AfterFork)
 # The app is loaded after this file (preload_app!): count once it exists.
+# The sinatra service is called through its class; the Rails app through its instance.
 TracePoint.new(:end) do |tp|
-  if tp.self.name == "ServiceApp"
+  case tp.self.name
+  when "ServiceApp"
     ServiceApp.singleton_class.prepend(ServiceToggle::Counting)
+    tp.disable
+  when "LeakyApp"
+    tp.self.prepend(ServiceToggle::Counting)
     tp.disable
   end
 end.enable
