@@ -20,8 +20,10 @@ use crate::error::Result;
 use crate::stack::Frame;
 use crate::strings::Batch;
 
-/// Most frames kept; a full cache starts again empty (about 40 bytes each).
-pub const FRAME_CACHE_MAX_FRAMES: usize = 8192;
+/// Most frames kept; a full cache starts again empty (about 60 bytes each). A program that runs
+/// much distinct code (rubocop) kept refilling a cache of 8,192 and naming the same frames again;
+/// the GC marks each distinct handle once however many frames share it (see `handles`).
+pub const FRAME_CACHE_MAX_FRAMES: usize = 65536;
 
 /// One frame's raw identity: equal keys in one epoch must name equal frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -44,6 +46,9 @@ type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 pub struct FrameCache {
     epoch: u64,
     frames: FxMap<FrameKey, Frame>,
+    /// Each distinct handle the keys hold (handles and locators), with how many keys hold it: what
+    /// the GC mark walks (one method's frames at many lines share one handle).
+    handles: FxMap<u64, u32>,
     /// Scratch for the keys of one capture (reused, so a lookup allocates nothing).
     pub(crate) keys: Vec<FrameKey>,
 }
@@ -83,9 +88,15 @@ impl FrameCache {
             filename,
             line: key.line,
         };
-        if let Some(old) = self.frames.insert(key, frame) {
+        match self.frames.insert(key, frame) {
             // Cannot happen (the caller inserts only what it did not find); keep the counts right.
-            strings.unintern_all([old.name, old.filename])?;
+            Some(old) => strings.unintern_all([old.name, old.filename])?,
+            None => {
+                *self.handles.entry(key.handle).or_default() += 1;
+                if key.locator > LAST_SENTINEL_LOCATOR {
+                    *self.handles.entry(key.locator).or_default() += 1;
+                }
+            }
         }
         Ok(frame)
     }
@@ -94,16 +105,12 @@ impl FrameCache {
     /// small sentinels are not handles), for the binding to keep alive and unmoved (see
     /// `StackCache::for_each_handle`). Never allocates.
     pub fn for_each_handle(&self, mut f: impl FnMut(u64)) {
-        for key in self.frames.keys() {
-            f(key.handle);
-            if key.locator > LAST_SENTINEL_LOCATOR {
-                f(key.locator);
-            }
-        }
+        self.handles.keys().for_each(|&h| f(h));
     }
 
     /// Forgets every frame, giving back its references.
     pub fn clear(&mut self, strings: &mut Batch<'_>) -> Result<()> {
+        self.handles.clear();
         let ids = self.frames.drain().flat_map(|(_, f)| [f.name, f.filename]);
         strings.unintern_all(ids)
     }
@@ -119,6 +126,7 @@ impl FrameCache {
     /// Approximate heap bytes held.
     pub fn memsize(&self) -> usize {
         self.frames.capacity() * (std::mem::size_of::<(FrameKey, Frame)>() + 1)
+            + self.handles.capacity() * (std::mem::size_of::<(u64, u32)>() + 1)
             + self.keys.capacity() * std::mem::size_of::<FrameKey>()
     }
 }

@@ -9,11 +9,19 @@
 //! allocate a Ruby object, so a GC's mark finds them free.
 
 use std::cell::{Cell, RefMut};
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+
+use rustc_hash::FxHasher;
 
 use super::HeapRecorder;
 use crate::error::{HeapError, Result};
 use crate::frame_cache::FrameCache;
 use crate::stack_cache::StackCache;
+use crate::strings::{Batch, StringId};
+
+/// Most class names the class cache keeps; a full cache starts again empty.
+pub const CLASS_CACHE_MAX: usize = 4096;
 
 #[derive(Default)]
 pub(crate) struct Caches {
@@ -22,6 +30,48 @@ pub(crate) struct Caches {
     /// Raw frame key -> interned frame, for stacks the stack cache misses; holds references on
     /// its ids (see frame_cache.rs).
     pub(crate) frames: FrameCache,
+    /// Class name -> its id, one reference each: a sample of a class seen before counts a
+    /// reference instead of interning the name (a string hash and two lookups in the storage).
+    classes: HashMap<Box<str>, StringId, BuildHasherDefault<FxHasher>>,
+}
+
+impl Caches {
+    /// `name`'s id with one reference taken for the caller, through the class cache.
+    pub(crate) fn intern_class(&mut self, strings: &mut Batch<'_>, name: &str) -> Result<StringId> {
+        if let Some(&id) = self.classes.get(name) {
+            strings.add_ref(id)?;
+            return Ok(id);
+        }
+        let id = strings.intern(name)?;
+        if id == 0 {
+            return Ok(0);
+        }
+        if self.classes.len() >= CLASS_CACHE_MAX {
+            self.clear_classes(strings)?;
+        }
+        // The cache's own reference.
+        strings.add_ref(id)?;
+        self.classes.insert(name.into(), id);
+        Ok(id)
+    }
+
+    /// The ids the class cache holds a reference on.
+    #[cfg(test)]
+    pub(crate) fn class_ids(&self) -> impl Iterator<Item = StringId> + '_ {
+        self.classes.values().copied()
+    }
+
+    /// Forgets every class name, giving back the cache's references.
+    pub(crate) fn clear_classes(&mut self, strings: &mut Batch<'_>) -> Result<()> {
+        strings.unintern_all(self.classes.drain().map(|(_, id)| id))
+    }
+
+    /// Forgets everything cached, giving back what the caches hold.
+    pub(crate) fn clear(&mut self, strings: &mut Batch<'_>) -> Result<()> {
+        self.stacks.clear();
+        let frames = self.frames.clear(strings);
+        self.clear_classes(strings).and(frames)
+    }
 }
 
 /// The handle epoch and whether a GC skipped the marking (apart from the caches, so the mark
@@ -75,7 +125,7 @@ impl HeapRecorder {
         if let Ok(mut caches) = self.caches.try_borrow_mut() {
             caches.stacks.clear();
             if let Some(mut strings) = self.strings.try_lock() {
-                let _ = caches.frames.clear(&mut strings);
+                let _ = caches.clear(&mut strings);
             }
         }
     }
@@ -85,13 +135,16 @@ impl HeapRecorder {
         let mut caches = self.caches()?;
         caches.stacks.set_enabled(enabled);
         if !enabled {
-            caches.frames.clear(&mut self.strings.lock()?)?;
+            caches.clear(&mut self.strings.lock()?)?;
         }
         Ok(())
     }
 
     /// Approximate heap bytes the caches hold.
     pub(crate) fn caches_memsize(&self) -> usize {
-        (self.caches.try_borrow()).map_or(0, |c| c.stacks.memsize() + c.frames.memsize())
+        (self.caches.try_borrow()).map_or(0, |c| {
+            let classes: usize = c.classes.keys().map(|k| k.len() + 24).sum();
+            c.stacks.memsize() + c.frames.memsize() + classes
+        })
     }
 }

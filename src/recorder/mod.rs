@@ -360,9 +360,7 @@ impl HeapRecorder {
         let mut state = self.state()?;
         state.iterating = false;
         state.lifetime = Lifetime::default();
-        let mut caches = self.caches()?;
-        caches.stacks.clear();
-        caches.frames.clear(&mut self.strings.lock()?)?;
+        self.caches()?.clear(&mut self.strings.lock()?)?;
         Ok(())
     }
 

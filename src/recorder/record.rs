@@ -28,7 +28,7 @@ fn acquire_stack<S: FrameSource + ?Sized>(
         lifetime,
         ..
     } = state;
-    let Caches { stacks, frames } = caches;
+    let Caches { stacks, frames, .. } = caches;
     let key = source.key().filter(|_| stacks.is_active());
     if let Some(key) = &key {
         if let Some((stack, claims)) = stacks.get_entry(key) {
@@ -195,8 +195,8 @@ impl HeapRecorder {
                 weight,
                 sample_rate: state.options.sample_rate,
             })?;
-        let class = strings.intern(class_name.unwrap_or(""))?;
         let mut caches = self.caches()?;
+        let class = caches.intern_class(&mut strings, class_name.unwrap_or(""))?;
         let stack = match acquire_stack(state, &mut caches, &mut strings, source) {
             Ok(acquired) => acquired,
             Err(e) => {
