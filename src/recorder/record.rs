@@ -191,7 +191,7 @@ impl HeapRecorder {
         let weight = weight
             .checked_mul(u64::from(state.options.sample_rate))
             .and_then(|w| w.checked_mul(state.thinning))
-            .ok_or_else(|| HeapError::WeightOverflow {
+            .ok_or(HeapError::WeightOverflow {
                 weight,
                 sample_rate: state.options.sample_rate,
             })?;

@@ -1,4 +1,5 @@
 use super::*;
+use crate::vm::Vm;
 use crate::fake_vm::FakeVm;
 use crate::recorder::update::{UpdateKind, UpdateOutcome, OLD_AGE};
 use crate::stack::RawFrame;
