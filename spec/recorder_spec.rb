@@ -8,7 +8,7 @@ RSpec.describe DatadogHeap::Recorder do
     it "has documented defaults and readers" do
       r = described_class.new
       expect([r.sampler, r.sample_every, r.windows_per_second, r.sample_rate, r.size_enabled, r.max_frames, r.max_tracked_objects])
-        .to eq([:windowed, 1024, 100.0, 1, true, 400, 262_144])
+        .to eq([:windowed, 4096, 100.0, 1, true, 400, 262_144])
       # sample_every's default follows the sampler.
       r = described_class.new(sampler: :countdown)
       expect([r.sampler, r.sample_every, r.windows_per_second]).to eq([:countdown, 1024, nil])

@@ -46,9 +46,9 @@ module DatadogHeap
   #   current directory when the recorder is created); only with rss_limit.
   class Recorder
     SAMPLERS = %i[countdown windowed].freeze
-    # sample_every's default for each sampler: 1 in 1024 for both since a sample costs a few µs
-    # (the windowed sampler's was 4096 while it cost 20-27 µs in a service; docs/performance.md).
-    SAMPLE_EVERY = {countdown: 1024, windowed: 1024}.freeze
+    # sample_every's default depends on the sampler (bench/mixed.rb and bench/allocation.rb: the
+    # windowed sampler pays per sample what the countdown one pays on every allocation).
+    SAMPLE_EVERY = {countdown: 1024, windowed: 4096}.freeze
     # The smallest sample_every for which sampler: defaults to :windowed (see the options above).
     WINDOWED_FROM = 1024
     DEFAULTS = {sample_every: nil, sample_rate: 1, size_enabled: true, max_frames: 400,
