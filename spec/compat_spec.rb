@@ -2,6 +2,7 @@
 
 require_relative "spec_helper"
 require "open3"
+require "tmpdir"
 require "rbconfig"
 
 # The load- and start-time gates for Rubies this machine cannot run (docs/compatibility.md): a GC
@@ -82,6 +83,19 @@ RSpec.describe DatadogHeap::Compat do
       ractor.define_singleton_method(:main) { main }
       ractor.define_singleton_method(:current) { other }
       expect { described_class.check_main_ractor!(ractor) }.to raise_error(LoadError, /must be loaded from the main Ractor/)
+    end
+  end
+end
+
+RSpec.describe "ext/datadog_heap/extconf.rb" do
+  it "stops before building, with a list of what is missing, when cargo is not there" do
+    Dir.mktmpdir do |dir|
+      out, err, status = Open3.capture3({"CARGO" => File.join(dir, "no-cargo")}, RbConfig.ruby,
+        File.expand_path("../ext/datadog_heap/extconf.rb", __dir__), chdir: dir)
+      expect(status).not_to be_success
+      expect(out + err).to include("datadog_heap: cannot build the extension for Ruby #{RUBY_VERSION}",
+        "no-cargo` was not found: building needs Rust (cargo >= 1.85")
+      expect(File.exist?(File.join(dir, "Makefile"))).to be(false)
     end
   end
 end

@@ -57,7 +57,11 @@ fn main() -> Result<(), Box<dyn Error>> {
         return Err(format!(
             "datadog_heap: Ruby {version} {} rb_postponed_job_preregister, which every Ruby \
              from 3.3 on has and none before; see docs/compatibility.md",
-            if preregister { "declares" } else { "does not declare" }
+            if preregister {
+                "declares"
+            } else {
+                "does not declare"
+            }
         )
         .into());
     }
