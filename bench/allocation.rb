@@ -24,6 +24,9 @@ REF_N = Bench.pick(10_000_000, 300_000)
 REF_ROUNDS = Bench.pick(3, 1)
 BREAKDOWN_ROUNDS = Bench.pick(9, 2)
 NEVER = 2**32 - 1 # sample_every so large that the hook never samples
+# ALLOCATION_CASES="BasicObject.new" (comma-separated case names): those cases only, and no
+# breakdown (a quick check on another Ruby).
+ONLY = ENV["ALLOCATION_CASES"]&.split(",")
 
 # Every loop assigns what it allocates to a local: the compiler drops an unused `[i, i]` or `{a: i}`.
 CASES = {
@@ -93,6 +96,8 @@ CASES.each_value { |w| w.call(N / 10) } # warm up
 
 rows = []
 CASES.each do |name, work|
+  next if ONLY && !ONLY.include?(name)
+
   ref = name.start_with?("10M")
   variants = %i[base empty_hook countdown windowed every_1]
   res = Bench.alternate(variants, ref ? REF_ROUNDS : ROUNDS) do |v|
@@ -113,6 +118,7 @@ CASES.each do |name, work|
   end
 end
 Bench.table(["case", "variant", "per alloc", "time ratio", "throughput", "GCs/run", "in-hook ns/sample"], rows)
+exit if ONLY
 
 # --- Breakdown of the default-settings cost on BasicObject.new -------------------------------
 #

@@ -29,6 +29,9 @@ rescue ArgumentError
   )
 end
 
+# The pending-recordings flush: renamed from finalize to commit in dd-trace-rb master (2.42).
+COMMIT = %i[_native_commit_pending_heap_recordings _native_finalize_pending_heap_recordings]
+  .find { |m| Datadog::Profiling::StackRecorder::Testing.respond_to?(m) }
 METRICS = {"alloc-samples" => SAMPLE_EVERY, "heap_sample" => true}.freeze
 LABELS = [["state", "unknown"]].freeze
 
@@ -44,7 +47,7 @@ def run(heap)
         Datadog::Profiling::StackRecorder::Testing._native_track_object(rec, obj, SAMPLE_EVERY, obj.class.name)
       end
       Datadog::Profiling::Collectors::Stack::Testing._native_sample(Thread.current, rec, METRICS, LABELS, [])
-      Datadog::Profiling::StackRecorder::Testing._native_finalize_pending_heap_recordings(rec) if heap
+      Datadog::Profiling::StackRecorder::Testing.public_send(COMMIT, rec) if heap
     end
     rec.serialize if (i + 1) % SERIALIZE_EVERY == 0
   end

@@ -24,7 +24,10 @@ require_relative "lib/real_programs"
 require "tmpdir"
 
 # REAL_PROGRAMS_EVERY=64 and REAL_PROGRAMS_ONLY=rubocop narrow the run.
-SAMPLE_EVERYS = ENV["REAL_PROGRAMS_EVERY"]&.split(",")&.map { |e| Integer(e, 10) } || Bench.pick([64, 1024], [64])
+# REAL_PROGRAMS_EVERY=defaults: a Recorder.new with nothing given (the sampler, interval and
+# budget a user gets), its interval at the end standing for it in the error columns.
+SAMPLE_EVERYS = ENV["REAL_PROGRAMS_EVERY"]&.split(",")&.map { |e| (e == "defaults") ? :defaults : Integer(e, 10) } ||
+  Bench.pick([64, 1024], [64])
 RUNS = Integer(ENV.fetch("RUNS", "1"))
 PROGRAMS = RealPrograms.programs(posts: Bench.pick(300, 15), rubocop_dirs: Bench.pick(%w[net uri csv], %w[optparse]))
 
@@ -63,13 +66,16 @@ PROGRAMS.each do |name, program|
       RUNS.times do |run|
         r = RealPrograms.in_child { RealPrograms.measure(program, sample_every, dir) }
         est, truth = r[:est], r[:truth]
+        asked = sample_every
+        n = r[:sample_every] # the interval at exit, at the defaults
         sum = ->(h, i) { h.values.sum { |v| v[i] } }
         objects_est, objects_true, bytes_est, bytes_true = sum.call(est, 0), sum.call(truth, 0), sum.call(est, 1), sum.call(truth, 1)
         # Sampling error of the totals: a sample stands for N allocations, so the variance is about
         # (N - 1) times the objects' count (for objects) or their sum of squared sizes (for bytes),
         # twice that with weights that vary as ours do (see bench/lib/real_programs.rb).
-        z = ->(e, t, squares) { format("%+.1f", (e - t) / Math.sqrt(2 * (sample_every - 1) * squares)) }
-        rows << [program[:describe], sample_every, run + 1,
+        z = ->(e, t, squares) { format("%+.1f", (e - t) / Math.sqrt(2 * (n - 1) * squares)) }
+        rows << [program[:describe], (asked == :defaults) ? "defaults (#{n} at exit)" : n, run + 1,
+          r[:stats][:num_object_records],
           "#{objects_est} / #{objects_true} (#{signed_percent(objects_est, objects_true)}, z #{z.call(objects_est, objects_true, objects_true)})",
           "#{mega(bytes_est)} / #{mega(bytes_true)} (#{signed_percent(bytes_est, bytes_true)}, z #{z.call(bytes_est, bytes_true, sum.call(truth, 2))})",
           "#{(top10(truth, 1) & top10(est, 1)).size} of 10", "#{(top10(truth, 0) & top10(est, 0)).size} of 10",
@@ -77,22 +83,22 @@ PROGRAMS.each do |name, program|
         top10(truth, 1).each do |loc|
           t = truth[loc]
           e = est.fetch(loc, [0, 0])
-          sigma = Math.sqrt(2 * (sample_every - 1) * t[2])
-          worst << [name, sample_every, run + 1, RealPrograms.short(loc), "#{e[1]} / #{t[1]}",
+          sigma = Math.sqrt(2 * (n - 1) * t[2])
+          worst << [name, n, run + 1, RealPrograms.short(loc), "#{e[1]} / #{t[1]}",
             signed_percent(e[1], t[1]), sigma.zero? ? "n/a" : format("%+.1f", (e[1] - t[1]) / sigma)]
         end
 
         c = RealPrograms.compare(r, draws: Bench.pick(2000, 200))
         c[:sites].each do |site|
-          per_site << [name, sample_every, run + 1, RealPrograms.short(site[:location]), site[:truth], site[:estimate],
+          per_site << [name, n, run + 1, RealPrograms.short(site[:location]), site[:truth], site[:estimate],
             format("%+.0f%%", 100 * site[:error]), format("%.0f%%", 100 * site[:relative_sigma]),
             format("%+.2f", site[:z]), format("%.1f", site[:expected_samples]),
             format("%.0e", [site[:p_low], site[:p_high]].min)]
         end
         top_est, top_true = c[:totals][:top]
-        found << [program[:describe], sample_every, run + 1, "#{c[:found]} of 10",
+        found << [program[:describe], n, run + 1, "#{c[:found]} of 10",
           "#{c[:overlap_median]} (worst #{c[:overlap_min]})",
-          "#{top_est} / #{top_true} (#{signed_percent(top_est, top_true)}, z #{format("%+.1f", (top_est - top_true) / RealPrograms.sigma(top_true, sample_every))})",
+          "#{top_est} / #{top_true} (#{signed_percent(top_est, top_true)}, z #{format("%+.1f", (top_est - top_true) / RealPrograms.sigma(top_true, n))})",
           "#{c[:line0]} (#{format("%.1f%%", 100.0 * c[:line0] / objects_true)})",
           r[:stats].values_at(:sampler_samples_recorded, :lifetime_thinnings).join(" / ")]
       end
@@ -101,7 +107,7 @@ PROGRAMS.each do |name, program|
 end
 
 unless rows.empty?
-  Bench.table(["program", "sample_every", "run", "live objects est / true", "live bytes est / true",
+  Bench.table(["program", "sample_every", "run", "live samples", "live objects est / true", "live bytes est / true",
     "top-10 by bytes", "top-10 by objects", "run time"], rows)
   puts
   puts "The 10 heaviest true sites by bytes (z: (est - true) / sigma, sigma = sqrt(2 (N - 1) * sum of size^2)):"

@@ -30,23 +30,33 @@ SECONDS = Bench.pick(60, 8)
 PHASE = Bench.pick(2.0, 1.0)
 WARMUP_REQUESTS = Bench.pick(10_000, 1_000)
 ALL_VARIANTS = {"recorder on/off (defaults)" => "on", "countdown recorder on/off" => "countdown", "empty NEWOBJ hook on/off (VM floor)" => "hook",
-                "A/A (both off)" => "off"}.freeze
+                "A/A (both off)" => "off", "countdown at exactly 1024, no budget" => "fixed"}.freeze
 # TOGGLE_VARIANTS=on,off (modes, comma-separated) runs those rows only.
-VARIANTS = ENV["TOGGLE_VARIANTS"] ? ALL_VARIANTS.select { |_, m| ENV["TOGGLE_VARIANTS"].split(",").include?(m) } : ALL_VARIANTS
+SELECTED = ENV["TOGGLE_VARIANTS"] ? ALL_VARIANTS.select { |_, m| ENV["TOGGLE_VARIANTS"].split(",").include?(m) } : ALL_VARIANTS
+# SERVICE_APPS=sinatra,rails (the default): each row on the sinatra service and on the Rails app
+# of examples/rails_leak (its leak off).
+APPS = ENV.fetch("SERVICE_APPS", ServiceCluster::APPS.join(",")).split(",")
+# TOGGLE_COMPARE_LIB=DIR (another build's lib/ directory, its extension built): each row is run
+# with that build too, alternating with this one, so two builds are compared in one run.
+LIBS = {"" => ServiceCluster::LIB}
+LIBS[" [#{ENV["TOGGLE_COMPARE_LIB"]}]"] = File.expand_path(ENV["TOGGLE_COMPARE_LIB"]) if ENV["TOGGLE_COMPARE_LIB"]
+VARIANTS = APPS.product(SELECTED.to_a, LIBS.to_a).to_h do |app, (label, mode), (tag, lib)|
+  ["#{app}: #{label}#{tag}", [mode, app, lib]]
+end
 
-missing = ServiceCluster.missing_tools
+missing = APPS.flat_map { |app| ServiceCluster.missing_tools(app) }.uniq
 abort "bench/service_toggle.rb needs #{missing.join(", ")}: run bin/setup --dev" unless missing.empty?
 
-def run(mode, scratch)
+def run((mode, app, lib), scratch)
   out = Dir.mktmpdir("toggle-", scratch)
-  env = {"RUBYOPT" => "-I#{ServiceCluster::LIB} -r#{File.join(__dir__, "service", "toggle.rb")}", "TOGGLE_OUT" => out,
+  env = {"RUBYOPT" => "-I#{lib} -r#{File.join(__dir__, "service", "toggle.rb")}", "TOGGLE_OUT" => out,
          "TOGGLE_PHASE" => PHASE.to_s, "TOGGLE_MODE" => mode}
-  cluster = ServiceCluster::Cluster.new(env: env, log: File.join(scratch, "puma.log"))
+  cluster = ServiceCluster::Cluster.new(env: env, log: File.join(scratch, "puma.log"), app: app)
   cluster.wait_booted
   workers = cluster.worker_pids
-  ServiceCluster.wrk(cluster.port, seconds: 60, max_requests: WARMUP_REQUESTS)
+  ServiceCluster.wrk(cluster.port, seconds: 60, max_requests: WARMUP_REQUESTS, app: app)
   from = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-  result = ServiceCluster.wrk(cluster.port, seconds: SECONDS, max_requests: 10**9)
+  result = ServiceCluster.wrk(cluster.port, seconds: SECONDS, max_requests: 10**9, app: app)
   to = Process.clock_gettime(Process::CLOCK_MONOTONIC)
   sleep PHASE + 0.5 # the phase running at the end is written when it ends
   cluster.stop

@@ -1,6 +1,7 @@
-//! A per-frame cache for stacks the stack cache does not know (issue 22): from one frame's raw
-//! identity (the VM's frame handle, what locates it, its line) to its interned [`Frame`], for the
-//! period the caller's handles are stable in (its epoch; in CRuby, between two GCs). In a service
+//! A per-frame cache for stacks the stack cache does not know: from one frame's raw identity (the
+//! VM's frame handle, what locates it, its line) to its interned [`Frame`], for the period the
+//! caller's handles are stable in (its epoch: in the binding, for as long as every GC marked the
+//! handles held here, see [`FrameCache::for_each_handle`]). In a service
 //! most of a new stack is frames seen a moment ago (the server's and framework's, the bottom
 //! tens of frames of every request): those are neither named nor interned again, and an equal
 //! stack that is already a heap record is found by ids alone, interning nothing.
@@ -19,8 +20,10 @@ use crate::error::Result;
 use crate::stack::Frame;
 use crate::strings::Batch;
 
-/// Most frames kept; a full cache starts again empty (about 40 bytes each).
-pub const FRAME_CACHE_MAX_FRAMES: usize = 8192;
+/// Most frames kept; a full cache starts again empty (about 60 bytes each). A program that runs
+/// much distinct code (rubocop) kept refilling a cache of 8,192 and naming the same frames again;
+/// the GC marks each distinct handle once however many frames share it (see `handles`).
+pub const FRAME_CACHE_MAX_FRAMES: usize = 65536;
 
 /// One frame's raw identity: equal keys in one epoch must name equal frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -33,12 +36,19 @@ pub struct FrameKey {
     pub line: i32,
 }
 
+/// Locators up to this one are sentinels (0: the frame is where it is; 1: no Ruby frame to
+/// locate it at), not frame handles.
+pub const LAST_SENTINEL_LOCATOR: u64 = 1;
+
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
 #[derive(Default)]
 pub struct FrameCache {
     epoch: u64,
     frames: FxMap<FrameKey, Frame>,
+    /// Each distinct handle the keys hold (handles and locators), with how many keys hold it: what
+    /// the GC mark walks (one method's frames at many lines share one handle).
+    handles: FxMap<u64, u32>,
     /// Scratch for the keys of one capture (reused, so a lookup allocates nothing).
     pub(crate) keys: Vec<FrameKey>,
 }
@@ -78,15 +88,29 @@ impl FrameCache {
             filename,
             line: key.line,
         };
-        if let Some(old) = self.frames.insert(key, frame) {
+        match self.frames.insert(key, frame) {
             // Cannot happen (the caller inserts only what it did not find); keep the counts right.
-            strings.unintern_all([old.name, old.filename])?;
+            Some(old) => strings.unintern_all([old.name, old.filename])?,
+            None => {
+                *self.handles.entry(key.handle).or_default() += 1;
+                if key.locator > LAST_SENTINEL_LOCATOR {
+                    *self.handles.entry(key.locator).or_default() += 1;
+                }
+            }
         }
         Ok(frame)
     }
 
+    /// Calls `f` with every frame handle the kept keys hold (handles and locators; the locator's
+    /// small sentinels are not handles), for the binding to keep alive and unmoved (see
+    /// `StackCache::for_each_handle`). Never allocates.
+    pub fn for_each_handle(&self, mut f: impl FnMut(u64)) {
+        self.handles.keys().for_each(|&h| f(h));
+    }
+
     /// Forgets every frame, giving back its references.
     pub fn clear(&mut self, strings: &mut Batch<'_>) -> Result<()> {
+        self.handles.clear();
         let ids = self.frames.drain().flat_map(|(_, f)| [f.name, f.filename]);
         strings.unintern_all(ids)
     }
@@ -102,6 +126,7 @@ impl FrameCache {
     /// Approximate heap bytes held.
     pub fn memsize(&self) -> usize {
         self.frames.capacity() * (std::mem::size_of::<(FrameKey, Frame)>() + 1)
+            + self.handles.capacity() * (std::mem::size_of::<(u64, u32)>() + 1)
             + self.keys.capacity() * std::mem::size_of::<FrameKey>()
     }
 }

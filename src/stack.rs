@@ -4,6 +4,7 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use rustc_hash::FxHasher;
@@ -45,32 +46,119 @@ pub type Stack = Arc<[Frame]>;
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
-/// The set of heap records: stack -> number of tracked objects pointing at it.
+/// Most dormant records kept (stacks no tracked object points at any more, kept with their
+/// string ids so that the next sample there interns nothing). Past it, those unused since the
+/// last sweep go, then all of them if that is not enough.
+pub const MAX_DORMANT_STACKS: usize = 4096;
+
+/// One heap record's claims. `Cell`s so that a lookup can raise the count through the same
+/// shared borrow that finds the record's key.
+#[derive(Debug, Default)]
+pub struct Claims {
+    count: Cell<u32>,
+    /// Claimed since the last sweep: a dormant record that was not is given back by the next.
+    used: Cell<bool>,
+    /// The record was swept away (its ids given back): whoever kept these claims (the stack
+    /// cache) must not claim through them.
+    gone: Cell<bool>,
+}
+
+/// The set of heap records: stack -> number of tracked objects pointing at it. A record whose
+/// count falls to 0 stays, dormant, holding its string ids: in a service most samples are of
+/// short-lived objects at stacks seen before, and a dormant record makes the next sample there
+/// cost a count instead of interning a whole stack. Dormant records are invisible (`len`,
+/// `count`, `iter` see live ones only) and are given back by [`HeapRecords::sweep_dormant`],
+/// which the recorder runs at every full update, and past [`MAX_DORMANT_STACKS`].
 #[derive(Default)]
 pub struct HeapRecords {
-    /// A `Cell` so that `acquire_existing` can raise a count in the same lookup that finds the
-    /// record's key.
-    records: FxMap<Stack, Cell<u32>>,
+    /// Shared so that the stack cache can claim a record it found without a lookup here.
+    records: FxMap<Stack, Rc<Claims>>,
+    /// Records with a count of 0.
+    dormant: usize,
+    /// String references held by all records, dormant ones included.
+    refs: u64,
     /// Scratch buffer reused by every `acquire`, so a lookup of an existing stack allocates nothing.
     scratch: Vec<Frame>,
 }
 
+/// The string references a stack's frames hold (the empty string's id 0 holds none).
+pub(crate) fn refs_of(stack: &[Frame]) -> u64 {
+    stack
+        .iter()
+        .map(|f| u64::from(f.name != 0) + u64::from(f.filename != 0))
+        .sum()
+}
+
 impl HeapRecords {
+    /// Live records (at least one object points at them).
     pub fn len(&self) -> usize {
-        self.records.len()
+        self.records.len() - self.dormant
     }
 
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
+        self.len() == 0
     }
 
-    /// Number of objects that point at `stack` (0 when it is not recorded).
+    /// Dormant records (see the type's docs).
+    pub fn dormant(&self) -> usize {
+        self.dormant
+    }
+
+    /// String references held by every record, dormant ones included.
+    pub fn refs(&self) -> u64 {
+        self.refs
+    }
+
+    /// Number of objects that point at `stack` (0 when it is not recorded, or dormant).
     pub fn count(&self, stack: &[Frame]) -> u32 {
-        self.records.get(stack).map_or(0, Cell::get)
+        self.records.get(stack).map_or(0, |c| c.count.get())
     }
 
+    /// The live records and their counts.
     pub fn iter(&self) -> impl Iterator<Item = (&Stack, u32)> {
-        self.records.iter().map(|(s, c)| (s, c.get()))
+        (self.records.iter())
+            .map(|(s, c)| (s, c.count.get()))
+            .filter(|&(_, count)| count > 0)
+    }
+
+    /// Every record, dormant ones included (their count is 0).
+    pub fn iter_all(&self) -> impl Iterator<Item = (&Stack, u32)> {
+        self.records.iter().map(|(s, c)| (s, c.count.get()))
+    }
+
+    /// A new record for the frames in `scratch`, claimed once; its ids are its own references.
+    fn insert_scratch(&mut self) -> Stack {
+        let stack: Stack = Arc::from(self.scratch.as_slice());
+        self.refs += refs_of(&stack);
+        let claims = Rc::new(Claims {
+            count: Cell::new(1),
+            used: Cell::new(true),
+            gone: Cell::new(false),
+        });
+        self.records.insert(stack.clone(), claims);
+        stack
+    }
+
+    /// Gives back every dormant record that was not claimed since the last sweep (`all`: every
+    /// dormant record), with its string ids; the others are marked unclaimed for the next.
+    /// Returns how many went.
+    pub fn sweep_dormant(&mut self, strings: &mut Batch<'_>, all: bool) -> usize {
+        let mut gone = Vec::new();
+        self.records.retain(|stack, claims| {
+            let keep = claims.count.get() > 0 || (claims.used.get() && !all);
+            claims.used.set(false);
+            if !keep {
+                claims.gone.set(true);
+                gone.push(stack.clone());
+            }
+            keep
+        });
+        for stack in &gone {
+            self.refs = self.refs.saturating_sub(refs_of(stack));
+            release_ids(strings, stack);
+        }
+        self.dormant -= gone.len();
+        gone.len()
     }
 
     /// Interns `frames` in one batch and returns the heap record for them with its count raised
@@ -109,17 +197,14 @@ impl HeapRecords {
             }
         }
 
-        if let Some((stack, count)) = self.records.get_key_value(self.scratch.as_slice()) {
+        if let Some((stack, claims)) = self.records.get_key_value(self.scratch.as_slice()) {
             // The existing record already holds its own references; give back ours first, so a
             // count overflow below leaves the storage as it was.
             release_ids(strings, &self.scratch);
-            add_object(count)?;
+            claim(claims, &mut self.dormant)?;
             return Ok(stack.clone());
         }
-
-        let stack: Stack = Arc::from(self.scratch.as_slice());
-        self.records.insert(stack.clone(), Cell::new(1));
-        Ok(stack)
+        Ok(self.insert_scratch())
     }
 
     /// [`HeapRecords::acquire`] for a source with per-frame keys: frames the frame cache knows
@@ -163,11 +248,11 @@ impl HeapRecords {
             }
             None => None,
         };
-        if let Some((stack, count)) = self.records.get_key_value(self.scratch.as_slice()) {
+        if let Some((stack, claims)) = self.records.get_key_value(self.scratch.as_slice()) {
             if let Some(name) = marker {
                 strings.unintern(name)?;
             }
-            add_object(count)?;
+            claim(claims, &mut self.dormant)?;
             return Ok(stack.clone());
         }
         // A new record: its own reference on each id the cache lent (the marker has one).
@@ -191,60 +276,75 @@ impl HeapRecords {
                 return Err(e);
             }
         }
-        let stack: Stack = Arc::from(self.scratch.as_slice());
-        self.records.insert(stack.clone(), Cell::new(1));
-        Ok(stack)
+        Ok(self.insert_scratch())
     }
 
     /// Raises by one the count of `stack` if that very stack (not merely an equal one) is still a
-    /// heap record, and says whether it was. A stack that stopped being a record may have given
-    /// back its string ids, which may since name other strings, so only the live original is
-    /// trusted. Interns nothing; never allocates. Fails (changing nothing) at the count limit.
+    /// heap record, live or dormant, and says whether it was. A stack that stopped being a record
+    /// has given back its string ids, which may since name other strings, so only the original
+    /// is trusted. Interns nothing; never allocates. Fails (changing nothing) at the count limit.
     pub fn acquire_existing(&mut self, stack: &Stack) -> Result<bool> {
         // One lookup: the count is a Cell, so it can be raised through the shared borrow that
         // also hands out the record's own Arc to compare with.
-        let Some((record, count)) = self.records.get_key_value(&**stack) else {
+        let Some((record, claims)) = self.records.get_key_value(&**stack) else {
             return Ok(false);
         };
         if !Arc::ptr_eq(record, stack) {
             return Ok(false);
         }
-        let next = count
-            .get()
-            .checked_add(1)
-            .ok_or(HeapError::TooManyObjectsForStack { count: count.get() })?;
-        count.set(next);
+        claim(claims, &mut self.dormant)?;
         Ok(true)
     }
 
-    /// Drops one object's claim on `stack`; the last claim removes the record and gives back all
-    /// of its string ids.
+    /// The claims of `stack`'s record (equal frames), for the stack cache to keep.
+    pub fn claims_of(&self, stack: &[Frame]) -> Option<Rc<Claims>> {
+        self.records.get(stack).cloned()
+    }
+
+    /// [`HeapRecords::acquire_existing`] through claims the stack cache kept: raises the record's
+    /// count unless it was swept away since. One memory access instead of a lookup.
+    pub fn acquire_claimed(&mut self, claims: &Claims) -> Result<bool> {
+        if claims.gone.get() {
+            return Ok(false);
+        }
+        claim(claims, &mut self.dormant)?;
+        Ok(true)
+    }
+
+    /// Drops one object's claim on `stack`; the last claim makes the record dormant (see the
+    /// type's docs), and past [`MAX_DORMANT_STACKS`] dormant records are swept.
     pub fn release(&mut self, strings: &mut Batch<'_>, stack: &Stack) -> Result<()> {
-        let Some(count) = self.records.get_mut(&**stack) else {
+        let live = self.records.get(&**stack).map(|c| (c, c.count.get()));
+        let Some((claims, count @ 1..)) = live else {
             return Err(HeapError::Strings(
-                "released a stack that has no heap record".into(),
+                "released a stack that has no live heap record".into(),
             ));
         };
-        let left = count.get() - 1;
-        count.set(left);
-        if left == 0 {
-            self.records.remove(&**stack);
-            release_ids(strings, stack);
+        claims.count.set(count - 1);
+        if count == 1 {
+            self.dormant += 1;
+            if self.dormant > MAX_DORMANT_STACKS {
+                self.sweep_dormant(strings, false);
+            }
+            if self.dormant > MAX_DORMANT_STACKS {
+                self.sweep_dormant(strings, true);
+            }
         }
         Ok(())
     }
 
-    /// Test aid: sets the count of a recorded stack.
+    /// Test aid: sets the count of a live recorded stack.
     #[cfg(test)]
     pub(crate) fn set_count_for_test(&self, stack: &[Frame], count: u32) {
         if let Some(c) = self.records.get(stack) {
-            c.set(count);
+            c.count.set(count);
         }
     }
 
     /// Approximate heap bytes held (tables and stacks), for `ObjectSpace.memsize_of`.
     pub fn memsize(&self) -> usize {
-        let table = self.records.capacity() * (std::mem::size_of::<(Stack, Cell<u32>)>() + 1);
+        let table = self.records.capacity() * (std::mem::size_of::<(Stack, Rc<Claims>)>() + 1)
+            + self.records.len() * std::mem::size_of::<Claims>();
         let stacks: usize = self
             .records
             .keys()
@@ -273,122 +373,21 @@ fn release_ids(strings: &mut Batch<'_>, frames: &[Frame]) {
     let _ = strings.unintern_all(frames.iter().flat_map(|f| [f.name, f.filename]));
 }
 
-/// One more object on a heap record: an error, with the count unchanged, past `u32::MAX`.
-fn add_object(count: &Cell<u32>) -> Result<()> {
+/// One more object on a heap record (waking it if it was dormant): an error, with the count
+/// unchanged, past `u32::MAX`.
+fn claim(claims: &Claims, dormant: &mut usize) -> Result<()> {
+    let count = claims.count.get();
     let next = count
-        .get()
         .checked_add(1)
-        .ok_or(HeapError::TooManyObjectsForStack { count: count.get() })?;
-    count.set(next);
+        .ok_or(HeapError::TooManyObjectsForStack { count })?;
+    claims.count.set(next);
+    claims.used.set(true);
+    if count == 0 {
+        *dormant -= 1;
+    }
     Ok(())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::strings::Strings;
-
-    #[test]
-    fn truncation_keeps_max_frames_in_all_marker_included() {
-        assert_eq!(truncation(5, 5, false), (5, None));
-        assert_eq!(truncation(5, 5, true), (5, None));
-        assert_eq!(
-            truncation(10, 4, false),
-            (3, Some("(7 frames truncated)".into()))
-        );
-        assert_eq!(
-            truncation(10, 4, true),
-            (3, Some("(7+ frames truncated)".into()))
-        );
-        assert_eq!(truncation(3, 1, false).0, 0);
-    }
-
-    fn raw(frames: &[(&'static str, &'static str, i32)]) -> Vec<RawFrame<'static>> {
-        frames
-            .iter()
-            .map(|&(name, filename, line)| RawFrame {
-                name,
-                filename,
-                line,
-            })
-            .collect()
-    }
-
-    #[test]
-    fn equal_stacks_share_one_record() {
-        let strings = Strings::new();
-        let mut b = strings.lock().unwrap();
-        let mut records = HeapRecords::default();
-        let frames = raw(&[("a", "x.rb", 1), ("b", "y.rb", 2)]);
-        let s1 = records.acquire(&mut b, &frames).unwrap();
-        let s2 = records.acquire(&mut b, &frames).unwrap();
-        assert!(Arc::ptr_eq(&s1, &s2));
-        assert_eq!(records.len(), 1);
-        assert_eq!(records.count(&s1), 2);
-    }
-
-    #[test]
-    fn different_lines_are_different_stacks() {
-        let strings = Strings::new();
-        let mut b = strings.lock().unwrap();
-        let mut records = HeapRecords::default();
-        records.acquire(&mut b, &raw(&[("a", "x.rb", 1)])).unwrap();
-        records.acquire(&mut b, &raw(&[("a", "x.rb", 2)])).unwrap();
-        assert_eq!(records.len(), 2);
-    }
-
-    #[test]
-    fn last_release_removes_record_and_strings() {
-        let strings = Strings::new();
-        let mut b = strings.lock().unwrap();
-        let mut records = HeapRecords::default();
-        let frames = raw(&[("only_here", "only_here.rb", 1)]);
-        let s = records.acquire(&mut b, &frames).unwrap();
-        records.acquire(&mut b, &frames).unwrap();
-        records.release(&mut b, &s).unwrap();
-        assert_eq!(b.get(s[0].name).unwrap(), "only_here");
-        records.release(&mut b, &s).unwrap();
-        assert!(records.is_empty());
-        assert!(b.get(s[0].name).is_err());
-        assert!(b.get(s[0].filename).is_err());
-        assert!(records.release(&mut b, &s).is_err());
-    }
-
-    #[test]
-    fn frame_cap_is_3000() {
-        let strings = Strings::new();
-        let mut b = strings.lock().unwrap();
-        let mut records = HeapRecords::default();
-        let frames = vec![
-            RawFrame {
-                name: "f",
-                filename: "f.rb",
-                line: 1
-            };
-            3001
-        ];
-        let err = records.acquire(&mut b, &frames).unwrap_err();
-        assert_eq!(
-            err,
-            HeapError::TooManyFrames {
-                frames: 3001,
-                limit: 3000
-            }
-        );
-        assert!(err.to_string().contains("3001"));
-        assert!(records.acquire(&mut b, &frames[..3000]).is_ok());
-    }
-
-    #[test]
-    fn count_overflow_is_an_error_and_changes_nothing() {
-        let strings = Strings::new();
-        let mut b = strings.lock().unwrap();
-        let mut records = HeapRecords::default();
-        let frames = raw(&[("a", "x.rb", 1)]);
-        let s = records.acquire(&mut b, &frames).unwrap();
-        records.records[&*s].set(u32::MAX);
-        let err = records.acquire(&mut b, &frames).unwrap_err();
-        assert!(matches!(err, HeapError::TooManyObjectsForStack { .. }));
-        assert_eq!(records.count(&s), u32::MAX);
-    }
-}
+#[path = "stack_tests.rs"]
+mod tests;

@@ -102,6 +102,9 @@ pub struct Stats {
     pub last_update: LastUpdate,
     pub lifetime: Lifetime,
     pub string_refs: u64,
+    /// Heap records no object points at any more, kept with their ids for the next sample at
+    /// their stack (given back at full updates when unused since the one before).
+    pub dormant_heap_records: u64,
     /// Recordings are kept one in `thinning` (a power of two, 1 unless near `max_tracked_objects`)
     /// on top of `sample_rate`, each weighted by it.
     pub thinning: u64,
@@ -183,6 +186,7 @@ impl Stats {
                 C(l.skipped_objects_dropped),
             ),
             ("interned_string_refs", C(self.string_refs)),
+            ("dormant_heap_records", C(self.dormant_heap_records)),
             ("thinning", C(self.thinning)),
             (
                 "lifetime_recordings_skipped_thinned",

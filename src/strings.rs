@@ -1,23 +1,34 @@
-//! Interned strings: a thin owner of libdatadog's `ManagedStringStorage`.
+//! Interned strings: a thin owner of libdatadog's `ManagedStringStorage`, with the reference
+//! counts kept here.
 //!
-//! Every non-empty string a record refers to holds one reference in the storage; the recorder
-//! gives each back (`unintern`) when the record goes away. `live_refs` counts the references we
-//! hold, so tests (and `stats`) can check that nothing leaks. Tearing the recorder down drops the
-//! storage whole and gives nothing back one by one.
+//! Every non-empty string a record (or a cache) refers to is counted here, by id; the storage
+//! holds exactly one reference on each id whose count is above zero, and gets it back when the
+//! count falls to zero. So taking one more reference on an id already held (`add_ref`, what a new
+//! heap record does for each of its frames' ids) is one counter, not a string lookup: the storage
+//! can only count a reference by interning the string again. The encoder reads the storage
+//! directly (it only needs every id in use to have a reference there). Tearing the recorder down
+//! drops both whole.
 
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 
 use libdd_profiling::collections::string_storage::ManagedStringStorage;
+use rustc_hash::FxHasher;
 
 use crate::error::{HeapError, Result};
 
 /// Id of an interned string; 0 is the empty string, which is never counted.
 pub type StringId = u32;
 
+type Counts = HashMap<StringId, u32, BuildHasherDefault<FxHasher>>;
+
 #[derive(Clone)]
 pub struct Strings {
     storage: Arc<Mutex<ManagedStringStorage>>,
+    /// Our references per id (ids with none are absent). Locked after `storage`, always.
+    counts: Arc<Mutex<Counts>>,
 }
 
 impl Default for Strings {
@@ -26,10 +37,17 @@ impl Default for Strings {
     }
 }
 
+fn unpoisoned<T>(guard: std::sync::LockResult<MutexGuard<'_, T>>) -> MutexGuard<'_, T> {
+    // A poisoned mutex only means a panic happened while it was held; every operation here
+    // leaves the storage and the counts consistent, so keep using them.
+    guard.unwrap_or_else(|p| p.into_inner())
+}
+
 impl Strings {
     pub fn new() -> Self {
         Strings {
             storage: Arc::new(Mutex::new(ManagedStringStorage::new())),
+            counts: Arc::default(),
         }
     }
 
@@ -40,22 +58,22 @@ impl Strings {
 
     /// Locks the storage, waiting if the (GVL-free) encoder holds it.
     pub fn lock(&self) -> Result<Batch<'_>> {
-        // A poisoned mutex only means a panic happened while it was held; the storage's own
-        // operations keep it consistent, so keep using it.
-        let guard = self.storage.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(Batch { guard })
+        let guard = unpoisoned(self.storage.lock());
+        let counts = unpoisoned(self.counts.lock());
+        Ok(Batch { guard, counts })
     }
 
     /// Locks the storage only if it is free right now; `None` when another thread holds it.
     /// The allocation hook uses this so it never waits on the encoder.
     pub fn try_lock(&self) -> Option<Batch<'_>> {
-        match self.storage.try_lock() {
-            Ok(guard) => Some(Batch { guard }),
-            Err(TryLockError::Poisoned(p)) => Some(Batch {
-                guard: p.into_inner(),
-            }),
-            Err(TryLockError::WouldBlock) => None,
-        }
+        let guard = match self.storage.try_lock() {
+            Ok(guard) => guard,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        // Only a holder of the storage's lock takes this one.
+        let counts = unpoisoned(self.counts.lock());
+        Some(Batch { guard, counts })
     }
 
     pub fn get(&self, id: StringId) -> Result<String> {
@@ -66,11 +84,28 @@ impl Strings {
 /// The storage, locked for a batch of operations.
 pub struct Batch<'a> {
     guard: MutexGuard<'a, ManagedStringStorage>,
+    counts: MutexGuard<'a, Counts>,
 }
 
 impl Batch<'_> {
+    /// Interns `s` and takes a reference on it.
     pub fn intern(&mut self, s: &str) -> Result<StringId> {
-        self.guard.intern(s).map_err(HeapError::strings)
+        let id = self.guard.intern(s).map_err(HeapError::strings)?;
+        if id == 0 {
+            return Ok(0);
+        }
+        match self.counts.get_mut(&id) {
+            Some(count) => {
+                *count = count.checked_add(1).ok_or_else(|| overflow(id))?;
+                // The storage keeps one reference per id: give back the one just taken.
+                self.storage_unintern(id)
+            }
+            None => {
+                self.counts.insert(id, 1);
+                Ok(())
+            }
+        }?;
+        Ok(id)
     }
 
     /// Takes one more reference on `id`, which the caller holds a reference on already (so it
@@ -79,19 +114,34 @@ impl Batch<'_> {
         if id == 0 {
             return Ok(());
         }
-        let s = self.guard.get_string(id).map_err(HeapError::strings)?;
-        let again = self.intern(&s)?;
-        if again != id {
-            let _ = self.unintern(again);
-            return Err(HeapError::Strings(format!(
-                "string id {id} interned again as {again}"
-            )));
-        }
+        let count = (self.counts.get_mut(&id)).ok_or_else(|| {
+            HeapError::Strings(format!(
+                "a reference was added to string id {id}, which has none"
+            ))
+        })?;
+        *count = count.checked_add(1).ok_or_else(|| overflow(id))?;
         Ok(())
     }
 
     /// Gives back one reference; the empty string (id 0) is not counted and is skipped.
     pub fn unintern(&mut self, id: StringId) -> Result<()> {
+        if id == 0 {
+            return Ok(());
+        }
+        let count = (self.counts.get_mut(&id)).ok_or_else(|| {
+            HeapError::Strings(format!(
+                "string id {id} was given back more often than taken"
+            ))
+        })?;
+        *count -= 1;
+        if *count == 0 {
+            self.counts.remove(&id);
+            self.storage_unintern(id)?;
+        }
+        Ok(())
+    }
+
+    fn storage_unintern(&mut self, id: StringId) -> Result<()> {
         match NonZeroU32::new(id) {
             Some(id) => self.guard.unintern(id).map_err(HeapError::strings),
             None => Ok(()),
@@ -122,6 +172,10 @@ impl Batch<'_> {
     pub fn compact(&mut self) {
         self.guard.advance_gen();
     }
+}
+
+fn overflow(id: StringId) -> HeapError {
+    HeapError::Strings(format!("string id {id} has too many references"))
 }
 
 #[cfg(test)]

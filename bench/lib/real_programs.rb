@@ -141,7 +141,9 @@ module RealPrograms
   # samples; truth: "file:line" => [objects, bytes, sum of squared bytes].
   def measure(program, sample_every, dir)
     ObjectSpace.trace_object_allocations_start
-    rec = if ENV["REAL_PROGRAMS_AS_USER"] == "1"
+    rec = if sample_every == :defaults
+      DatadogHeap::Recorder.new
+    elsif ENV["REAL_PROGRAMS_AS_USER"] == "1"
       DatadogHeap::Recorder.new(sample_every: sample_every)
     else
       DatadogHeap::Recorder.new(sampler: :countdown, sample_every: sample_every, max_overhead: nil)
@@ -177,6 +179,8 @@ module RealPrograms
       t[2] += size * size
     end
     ObjectSpace.trace_object_allocations_stop
+    # At the defaults the interval is the budget's: the one in force at the end stands for it.
+    sample_every = stats[:sampler_effective_sample_every] if sample_every == :defaults
     {seconds: seconds, est: est.to_a.to_h, truth: truth.to_a.to_h, sample_every: sample_every,
      stats: stats.slice(*STATS)}
   end

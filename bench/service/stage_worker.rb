@@ -16,7 +16,10 @@ module ServiceStages
     DatadogHeap::Testing._native_set_stage_costs(true)
     # The countdown by default (the breakdown in README is the countdown's, the default then);
     # STAGE_SAMPLER=windowed for the windowed sampler.
-    rec = DatadogHeap::Recorder.new(sampler: ENV.fetch("STAGE_SAMPLER", "countdown").to_sym)
+    # STAGE_SAMPLE_EVERY=N for a fixed interval (no budget), so runs compare sample for sample.
+    options = {sampler: ENV.fetch("STAGE_SAMPLER", "countdown").to_sym}
+    options[:sample_every] = Integer(ENV["STAGE_SAMPLE_EVERY"]) if ENV["STAGE_SAMPLE_EVERY"]
+    rec = DatadogHeap::Recorder.new(**options)
     rec.start
     cpu0 = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
     gc0 = GC.stat.slice(:count, :total_allocated_objects)

@@ -9,7 +9,8 @@
 # TOGGLE_MODE=off keeps the recorder off in both states (the method's own A/A noise);
 # TOGGLE_MODE=hook switches an empty NEWOBJ hook instead of the recorder (the VM's floor);
 # TOGGLE_MODE=windowed / countdown switches a recorder with that sampler (its other options
-# default).
+# default); TOGGLE_MODE=fixed a countdown recorder at exactly TOGGLE_SAMPLE_EVERY (default 1024),
+# no budget, so that two builds of the gem take the same samples.
 require "datadog_heap"
 require "json"
 
@@ -36,7 +37,7 @@ module ServiceToggle
 
     def switch(rec, on)
       case MODE
-      when "on", "windowed", "countdown" then on ? rec.start : rec.stop
+      when "on", "windowed", "countdown", "fixed" then on ? rec.start : rec.stop
       when "hook" then DatadogHeap::Testing._native_empty_hook(on)
       end
     end
@@ -44,7 +45,13 @@ module ServiceToggle
     # In each worker: alternate, and write the totals so far at each switch (a worker may be
     # killed at any time).
     def run
-      rec = %w[windowed countdown].include?(MODE) ? DatadogHeap::Recorder.new(sampler: MODE.to_sym) : DatadogHeap::Recorder.new
+      rec = case MODE
+      when "windowed", "countdown" then DatadogHeap::Recorder.new(sampler: MODE.to_sym)
+      when "fixed"
+        DatadogHeap::Recorder.new(sampler: :countdown, sample_every: Integer(ENV.fetch("TOGGLE_SAMPLE_EVERY", "1024")),
+          max_overhead: nil)
+      else DatadogHeap::Recorder.new
+      end
       phases = []
       state = :off
       loop do
@@ -83,9 +90,14 @@ end
 
 Process.singleton_class.prepend(ServiceToggle::AfterFork)
 # The app is loaded after this file (preload_app!): count once it exists.
+# The sinatra service is called through its class; the Rails app through its instance.
 TracePoint.new(:end) do |tp|
-  if tp.self.name == "ServiceApp"
+  case tp.self.name
+  when "ServiceApp"
     ServiceApp.singleton_class.prepend(ServiceToggle::Counting)
+    tp.disable
+  when "LeakyApp"
+    tp.self.prepend(ServiceToggle::Counting)
     tp.disable
   end
 end.enable

@@ -29,11 +29,16 @@ module ServiceCluster
   end
 
   # What this machine lacks to run the service: the puma and wrk executables, the sinatra library.
-  def missing_tools
+  def missing_tools(app = "sinatra")
     missing = %w[puma wrk].reject { |tool| executable(tool) }
-    missing << "sinatra (ruby-sinatra)" unless system(RbConfig.ruby, "-e", "require 'sinatra/base'", out: File::NULL, err: File::NULL)
+    library, package = (app == "rails") ? ["rails", "ruby-rails"] : ["sinatra/base", "ruby-sinatra"]
+    missing << "#{library} (#{package})" unless system(RbConfig.ruby, "-e", "require '#{library}'", out: File::NULL, err: File::NULL)
     missing
   end
+
+  # The apps the benches can serve: the sinatra example service, and the Rails app of
+  # examples/rails_leak (controllers, an ERB view, JSON, params; its leak off).
+  APPS = %w[sinatra rails].freeze
 
   def executable(name)
     ENV.fetch("PATH", "").split(File::PATH_SEPARATOR).map { |d| File.join(d, name) }
@@ -64,13 +69,13 @@ module ServiceCluster
   # wrk threads) or `seconds` have passed, whichever comes first. Returns wrk's summary:
   # {requests:, duration_us:, errors:, latency_us: {p50:, p90:, p99:, max:, mean:},
   # requests_per_second:, capped:}; `capped` is true when the request bound ended the run.
-  def wrk(port, seconds:, max_requests:, connections: 8, threads: 2, timeout: 5)
+  def wrk(port, seconds:, max_requests:, connections: 8, threads: 2, timeout: 5, app: "sinatra")
     per_thread = (max_requests.to_f / threads).ceil
     cmd = ["wrk", "-t#{threads}", "-c#{connections}", "-d#{seconds}s", "--timeout", "#{timeout}s",
       "-s", LOAD_SCRIPT, "http://127.0.0.1:#{port}", "--", per_thread.to_s]
     out = +""
     done = 0
-    IO.popen(cmd, err: [:child, :out]) do |io|
+    IO.popen({"LOAD_APP" => app}, cmd, err: [:child, :out]) do |io|
       io.each_line do |line|
         out << line
         next unless line.start_with?("WRK_THREAD_DONE")
@@ -95,11 +100,16 @@ module ServiceCluster
 
     attr_reader :port, :pid, :log
 
-    def initialize(env: {}, log:, workers: 2, threads: 4)
+    attr_reader :app
+
+    def initialize(env: {}, log:, workers: 2, threads: 4, app: "sinatra")
       @port = ServiceCluster.free_port
       @log = log
       @workers = workers
-      env = env.merge("PORT" => @port.to_s, "WORKERS" => workers.to_s, "THREADS" => threads.to_s)
+      @app = app
+      env = env.merge("PORT" => @port.to_s, "WORKERS" => workers.to_s, "THREADS" => threads.to_s, "SERVICE_APP" => app,
+        "RAILS_ENV" => "production", "LEAKY_APP_LEAK" => env.fetch("LEAKY_APP_LEAK", "0"),
+        "HEAP_SETTINGS" => env.fetch("HEAP_SETTINGS", '{"enabled": false}'))
       @pid = Process.spawn(env, "puma", "-C", PUMA_CONFIG, out: [log, "w"], err: [:child, :out], pgroup: true)
       @status = nil
     end

@@ -25,11 +25,24 @@ function init(args)
   math.randomseed(1000 + thread_id)
 end
 
+-- LOAD_APP=rails: the Rails app of examples/rails_leak (an order as HTML and as JSON, a search).
+local rails = os.getenv("LOAD_APP") == "rails"
+
 function request()
   counter = counter + 1
   local kind = counter % 4
   local path
-  if kind == 0 then
+  if rails then
+    if kind == 0 then
+      path = "/orders/" .. (counter % 500)
+    elseif kind == 1 then
+      path = "/orders/" .. (counter % 500) .. ".json"
+    elseif kind == 2 then
+      path = "/search?q=widget+" .. (counter % 13) .. "+blue"
+    else
+      path = "/orders/" .. math.floor(1000 * math.random() ^ 2) .. "?ref=" .. thread_id .. "-" .. counter
+    end
+  elseif kind == 0 then
     path = "/orders.json?page=" .. (counter % 7)
   elseif kind == 1 then
     path = "/dashboard"

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# Puma configuration of the example service: cluster mode, WORKERS (default 2) forked from a
+# Puma configuration of the example service (or, with SERVICE_APP=rails, the Rails app): cluster mode, WORKERS (default 2) forked from a
 # master that loaded the app first (preload_app!), THREADS (default 4) threads each, listening on
 # 127.0.0.1:PORT (default 9292) only.
 #
@@ -15,7 +15,9 @@ threads threads_count, threads_count
 preload_app!
 bind "tcp://127.0.0.1:#{Integer(ENV.fetch("PORT", "9292"), 10)}"
 environment ENV.fetch("RACK_ENV", "production")
-rackup File.join(__dir__, "config.ru")
+# SERVICE_APP=rails serves the Rails app of examples/rails_leak instead (its leak off unless
+# LEAKY_APP_LEAK=1), for the benches' Rails rows.
+rackup(ENV["SERVICE_APP"] == "rails" ? File.expand_path("../rails_leak/config.ru", __dir__) : File.join(__dir__, "config.ru"))
 # A worker still busy this long after SIGTERM is killed, and shows up as one without a final profile.
 worker_shutdown_timeout 10
 # After a graceful stop on SIGTERM, exit 0 instead of re-raising the signal (so `datadog-heap

@@ -61,18 +61,32 @@ typedef struct DdheapHost {
    */
   int64_t (*now_ns)(void);
   /**
-   * Writes `rb_obj_id(obj)` to `out`; returns 0, -1 for a bignum id, or a positive rb_protect state.
+   * Writes to `out` the id `obj` is tracked by from now on, when its recording is committed:
+   * `rb_obj_id(obj)` for datadog 2.41, a fresh record id (a weak map entry now refers to `obj`)
+   * from 2.42. Returns 0, -1 when no Fixnum id can be had (a bignum object id, or record ids
+   * exhausted), or a positive rb_protect state.
    */
-  int32_t (*obj_id)(size_t obj, int64_t *out);
+  int32_t (*obj_id)(void *ctx, size_t obj, int64_t *out);
   /**
-   * Looks `obj_id` up: `LOOKUP_DEAD`, `LOOKUP_ALIVE` (writing size when `measure`, and
-   * frozenness), or a negated rb_protect state.
+   * Looks up an id that `obj_id` handed out: `LOOKUP_DEAD`, `LOOKUP_ALIVE` (writing size when
+   * `measure`, and frozenness), or a negated rb_protect state.
    */
-  int32_t (*lookup)(int64_t obj_id, bool measure, size_t *size, bool *frozen);
+  int32_t (*lookup)(void *ctx, int64_t obj_id, bool measure, size_t *size, bool *frozen);
   /**
    * `rb_thread_schedule()`; returns 0 or an rb_protect state.
    */
   int32_t (*thread_schedule)(void);
+  /**
+   * Whether `obj` is a VM-internal object, never to be tracked (`rb_objspace_internal_object_p`,
+   * datadog 2.42 and later); null to track every sampled object (2.41). Called from the
+   * allocation sampler: must not allocate, raise or release the GVL.
+   */
+  bool (*is_internal)(size_t obj);
+  /**
+   * Passed as is to `obj_id` and `lookup`: the shim's own state for this recorder (its weak
+   * map, from 2.42).
+   */
+  void *ctx;
 } DdheapHost;
 
 #if !defined(DATADOG_HEAP_CABI_TEST)

@@ -11,7 +11,21 @@
 static heap_recorder *recorder = NULL;
 static VALUE holder = Qnil;
 
+// DDHEAP_DDTRACE_WEAKMAP: dd-trace-rb master's heap_recorder.h (record ids, a weak map), as the
+// shim; without it, datadog 2.41's (object ids).
+#ifdef DDHEAP_DDTRACE_WEAKMAP
+static void mark_holder(void *_) { heap_recorder_mark(recorder); }
+#define COMMIT heap_recorder_commit_pending_recordings
+void collectors_heap_recorder_init(void);
+// private_vm_api_access.c's, which heap_recorder.c calls (that file needs all of the VM's headers).
+int rb_objspace_internal_object_p(VALUE obj);
+bool ddtrace_is_internal_object_p(VALUE obj) {
+  return RB_SPECIAL_CONST_P(obj) ? obj == Qundef : rb_objspace_internal_object_p(obj);
+}
+#else
 static void mark_holder(void *_) { heap_recorder_mark_pending_recordings(recorder); }
+#define COMMIT heap_recorder_finalize_pending_recordings
+#endif
 static const rb_data_type_t holder_type = {.wrap_struct_name = "ddheap_smoke", .function = {.dmark = mark_holder}};
 
 static VALUE s_new(VALUE _self, VALUE sample_rate, VALUE size_enabled) {
@@ -41,12 +55,19 @@ static VALUE s_track(VALUE _self, VALUE obj, VALUE weight, VALUE klass, VALUE lo
   return needs_after ? Qtrue : Qfalse;
 }
 
-static VALUE s_finalize(VALUE _self) { heap_recorder_finalize_pending_recordings(recorder); return Qnil; }
+static VALUE s_finalize(VALUE _self) { COMMIT(recorder); return Qnil; }
 static VALUE s_update_young(VALUE _self) { heap_recorder_update_young_objects(recorder); return Qnil; }
 static VALUE s_reset_last_update(VALUE _self) { heap_recorder_testonly_reset_last_update(recorder); return Qnil; }
 static VALUE s_state(VALUE _self) { return heap_recorder_state_snapshot(recorder); }
 static VALUE s_debug(VALUE _self) { return heap_recorder_testonly_debug(recorder); }
+#ifdef DDHEAP_DDTRACE_WEAKMAP
+static VALUE s_recorded(VALUE _self, VALUE id) { return heap_recorder_testonly_is_object_recorded(recorder, NUM2LONG(id)); }
+static VALUE s_record_id_for(VALUE _self, VALUE obj) { return heap_recorder_testonly_record_id_for(recorder, obj); }
+#else
 static VALUE s_recorded(VALUE _self, VALUE id) { return heap_recorder_testonly_is_object_recorded(recorder, id); }
+// 2.41 tracks objects by their object id.
+static VALUE s_record_id_for(VALUE _self, VALUE obj) { return rb_obj_id(obj); }
+#endif
 
 typedef struct { long count; long weight; long size; long frames; uint32_t last_class; long top_line; } live_acc;
 static bool visit(heap_recorder_iteration_data d, void *arg) {
@@ -123,8 +144,12 @@ static VALUE s_live_strings(VALUE _self) {
 
 void Init_ddheap_smoke(void) {
   ruby_helpers_init(); // as the profiler's Init does: the ids ruby_ref_from_id uses
+#ifdef DDHEAP_DDTRACE_WEAKMAP
+  collectors_heap_recorder_init();
+#endif
   VALUE m = rb_define_module("DdheapSmoke");
-  holder = TypedData_Wrap_Struct(rb_cObject, &holder_type, NULL);
+  // Non-NULL data: the GC calls no dmark for a T_DATA whose pointer is NULL.
+  holder = TypedData_Wrap_Struct(rb_cObject, &holder_type, &recorder);
   rb_global_variable(&holder);
   rb_define_singleton_method(m, "new_recorder", s_new, 2);
   rb_define_singleton_method(m, "track", s_track, 4);
@@ -134,6 +159,7 @@ void Init_ddheap_smoke(void) {
   rb_define_singleton_method(m, "state", s_state, 0);
   rb_define_singleton_method(m, "debug", s_debug, 0);
   rb_define_singleton_method(m, "recorded?", s_recorded, 1);
+  rb_define_singleton_method(m, "record_id_for", s_record_id_for, 1);
   rb_define_singleton_method(m, "live", s_live, 0);
   rb_define_singleton_method(m, "finish_unprepared", s_finish_unprepared, 0);
   rb_define_singleton_method(m, "free", s_free, 0);

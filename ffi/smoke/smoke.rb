@@ -28,7 +28,10 @@ GC.start # pending objects are marked: none is lost before it has an id
 M.finalize
 st = M.state
 check "finalize commits them (100 object records, 1 heap record)", st[:num_object_records] == 100 && st[:num_heap_records] == 1
-check "recorded? by object id", M.recorded?(keep.first.object_id) == true
+id = M.record_id_for(keep.first) # its object id (datadog 2.41) or record id (master)
+check "recorded? by the id it is tracked by", !id.nil? && M.recorded?(id) == true
+other = M.record_id_for(Object.new)
+check "an object never sampled is not recorded", other.nil? || !M.recorded?(other)
 
 GC.start
 GC.start

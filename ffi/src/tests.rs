@@ -2,6 +2,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
+use std::ffi::c_void;
 
 use crate::recorder::{Failure, HeapRecorder, Outcome, StringTable, MAX_PENDING_RECORDINGS};
 use crate::types::*;
@@ -18,7 +19,7 @@ extern "C" fn now_ns() -> i64 {
     0
 }
 /// The object "VALUE" is its id; ids above 1<<62 play bignums.
-extern "C" fn obj_id(obj: usize, out: *mut i64) -> i32 {
+extern "C" fn obj_id(_ctx: *mut c_void, obj: usize, out: *mut i64) -> i32 {
     if obj > 1 << 62 {
         return -1;
     }
@@ -26,7 +27,13 @@ extern "C" fn obj_id(obj: usize, out: *mut i64) -> i32 {
     unsafe { *out = obj as i64 };
     0
 }
-extern "C" fn lookup(id: i64, measure: bool, size: *mut usize, frozen: *mut bool) -> i32 {
+extern "C" fn lookup(
+    _ctx: *mut c_void,
+    id: i64,
+    measure: bool,
+    size: *mut usize,
+    frozen: *mut bool,
+) -> i32 {
     if ALIVE.with(|a| a.borrow().contains(&id)) {
         if measure {
             // SAFETY: the recorder passes pointers to locals.
@@ -51,6 +58,8 @@ fn host() -> DdheapHost {
         obj_id,
         lookup,
         thread_schedule,
+        is_internal: None,
+        ctx: std::ptr::null_mut(),
     }
 }
 
@@ -262,7 +271,7 @@ thread_local! {
 
 /// `rb_obj_id` as it behaves when it allocates and a GC runs inside it: the mark function walks
 /// the pending objects, and an object it does not reach would be freed before its id is read.
-extern "C" fn obj_id_after_gc(obj: usize, out: *mut i64) -> i32 {
+extern "C" fn obj_id_after_gc(ctx: *mut c_void, obj: usize, out: *mut i64) -> i32 {
     let recorder = MARKING.with(|m| m.get());
     let mut marked = Vec::new();
     // SAFETY: the test points MARKING at a recorder that outlives the finalize call, on this thread.
@@ -270,7 +279,7 @@ extern "C" fn obj_id_after_gc(obj: usize, out: *mut i64) -> i32 {
     if !marked.contains(&obj) {
         UNMARKED.with(|u| u.borrow_mut().push(obj));
     }
-    obj_id(obj, out)
+    obj_id(ctx, obj, out)
 }
 
 #[test]
@@ -293,4 +302,70 @@ fn pending_objects_stay_marked_while_their_ids_are_taken() {
     let s = r.state_snapshot();
     assert_eq!((s.num_object_records, s.pending_recordings_count), (10, 0));
     assert_eq!(s.lifetime.deferred_recordings_finalized, 10);
+}
+
+/// Objects 1000..2000 play VM-internal ones.
+extern "C" fn internal_range(obj: usize) -> bool {
+    (1000..2000).contains(&obj)
+}
+
+#[test]
+fn internal_objects_are_never_tracked_and_keep_the_sample_rate_count() {
+    let r = HeapRecorder::new(
+        DdheapHost {
+            is_internal: Some(internal_range),
+            ..host()
+        },
+        Counting::default(),
+    );
+    r.set_sample_rate(2).unwrap();
+    // 1: skipped by the rate. 1001: picked by the rate but internal, so skipped without asking
+    // for a commit, and the count is not reset: 3, the next sample, is tracked, not skipped.
+    assert!(!r.start_recording(1, 1, cs("String")));
+    r.end_recording(&[loc("a", "a.rb", 1)]).unwrap();
+    assert!(!r.start_recording(1001, 1, cs("Internal")));
+    r.end_recording(&[loc("a", "a.rb", 2)]).unwrap();
+    assert!(r.start_recording(3, 1, cs("String")));
+    r.end_recording(&[loc("a", "a.rb", 3)]).unwrap();
+    assert_eq!(r.state_snapshot().pending_recordings_count, 1);
+    r.finalize_pending_recordings().unwrap();
+    assert!(r.is_object_recorded(3));
+    assert!(!r.is_object_recorded(1001) && !r.is_object_recorded(1));
+    // Without the callback (datadog 2.41) the same object is tracked.
+    let all = HeapRecorder::new(host(), Counting::default());
+    record(&all, 1001, &[loc("a", "a.rb", 2)]);
+    all.finalize_pending_recordings().unwrap();
+    assert!(all.is_object_recorded(1001));
+}
+
+/// Record ids as the 2.42 shim gives them: a counter behind `ctx`, not the object.
+extern "C" fn next_record_id(ctx: *mut c_void, _obj: usize, out: *mut i64) -> i32 {
+    // SAFETY: the test passes a pointer to its own i64 counter as ctx; out is the recorder's local.
+    unsafe {
+        *ctx.cast::<i64>() += 1;
+        *out = *ctx.cast::<i64>();
+    }
+    0
+}
+
+#[test]
+fn ids_come_from_the_host_with_its_context() {
+    let mut counter = 40i64;
+    let r = HeapRecorder::new(
+        DdheapHost {
+            obj_id: next_record_id,
+            ctx: (&mut counter as *mut i64).cast(),
+            ..host()
+        },
+        Counting::default(),
+    );
+    for obj in [7, 8, 9] {
+        record(&r, obj, &[loc("x", "x.rb", 1)]);
+    }
+    r.finalize_pending_recordings().unwrap();
+    let recorded: Vec<bool> = (40..=44).map(|id| r.is_object_recorded(id)).collect();
+    assert_eq!(recorded, [false, true, true, true, false]);
+    assert!(!r.is_object_recorded(7));
+    drop(r);
+    assert_eq!(counter, 43);
 }

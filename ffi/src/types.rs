@@ -151,12 +151,27 @@ pub struct DdheapHost {
     pub gc_count: extern "C" fn() -> usize,
     /// Monotonic wall clock in ns, 0 or less when unavailable.
     pub now_ns: extern "C" fn() -> i64,
-    /// Writes `rb_obj_id(obj)` to `out`; returns 0, -1 for a bignum id, or a positive rb_protect state.
-    pub obj_id: extern "C" fn(obj: usize, out: *mut i64) -> i32,
-    /// Looks `obj_id` up: `LOOKUP_DEAD`, `LOOKUP_ALIVE` (writing size when `measure`, and
-    /// frozenness), or a negated rb_protect state.
-    pub lookup:
-        extern "C" fn(obj_id: i64, measure: bool, size: *mut usize, frozen: *mut bool) -> i32,
+    /// Writes to `out` the id `obj` is tracked by from now on, when its recording is committed:
+    /// `rb_obj_id(obj)` for datadog 2.41, a fresh record id (a weak map entry now refers to `obj`)
+    /// from 2.42. Returns 0, -1 when no Fixnum id can be had (a bignum object id, or record ids
+    /// exhausted), or a positive rb_protect state.
+    pub obj_id: extern "C" fn(ctx: *mut c_void, obj: usize, out: *mut i64) -> i32,
+    /// Looks up an id that `obj_id` handed out: `LOOKUP_DEAD`, `LOOKUP_ALIVE` (writing size when
+    /// `measure`, and frozenness), or a negated rb_protect state.
+    pub lookup: extern "C" fn(
+        ctx: *mut c_void,
+        obj_id: i64,
+        measure: bool,
+        size: *mut usize,
+        frozen: *mut bool,
+    ) -> i32,
     /// `rb_thread_schedule()`; returns 0 or an rb_protect state.
     pub thread_schedule: extern "C" fn() -> i32,
+    /// Whether `obj` is a VM-internal object, never to be tracked (`rb_objspace_internal_object_p`,
+    /// datadog 2.42 and later); null to track every sampled object (2.41). Called from the
+    /// allocation sampler: must not allocate, raise or release the GVL.
+    pub is_internal: Option<extern "C" fn(obj: usize) -> bool>,
+    /// Passed as is to `obj_id` and `lookup`: the shim's own state for this recorder (its weak
+    /// map, from 2.42).
+    pub ctx: *mut c_void,
 }

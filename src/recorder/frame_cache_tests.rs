@@ -8,7 +8,7 @@ use std::sync::Arc;
 use super::*;
 use crate::fake_vm::FakeVm;
 use crate::frame_cache::FrameKey;
-use crate::stack::RawFrame;
+use crate::stack::{Frame, RawFrame};
 use crate::stack_cache::FrameSource;
 use crate::stack_cache::RawStackKey;
 
@@ -125,6 +125,10 @@ fn shared_frames_are_named_once_per_epoch_and_references_balance() {
         vm.kill(obj);
     }
     vm.gc();
+    rec.update(&mut vm, UpdateKind::Full).unwrap();
+    let s = rec.stats().unwrap();
+    assert_eq!((s.num_heap_records, s.dormant_heap_records), (0, 2));
+    // Unused since, the dormant stacks go at the next full update.
     rec.update(&mut vm, UpdateKind::Full).unwrap();
     let s = rec.stats().unwrap();
     assert_eq!((s.num_heap_records, s.string_refs), (0, 0));

@@ -7,6 +7,8 @@
 //! thread in (WeakMap writes and reads may), that thread finds the state unborrowed and the soft
 //! lock telling it what it may do.
 
+mod caches;
+mod commit;
 mod iteration;
 mod record;
 mod update;
@@ -18,13 +20,11 @@ use std::hash::BuildHasherDefault;
 use rustc_hash::FxHasher;
 
 use crate::error::{HeapError, Result, FIXNUM_MAX};
-use crate::frame_cache::FrameCache;
-use crate::lock::{LockGuard, SoftLock};
-use crate::stack::{Frame, HeapRecords, Stack};
-use crate::stack_cache::StackCache;
+use crate::lock::SoftLock;
+use crate::stack::{HeapRecords, Stack};
 use crate::stats::{LastUpdate, Lifetime, Stats};
 use crate::strings::{StringId, Strings};
-use crate::vm::{ObjectRef, Vm};
+use crate::vm::ObjectRef;
 
 pub use iteration::{LiveObject, Names, Snapshot};
 pub use update::{UpdateKind, UpdateOutcome};
@@ -135,11 +135,6 @@ type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 pub(crate) struct State {
     options: RecorderOptions,
     heap_records: HeapRecords,
-    /// Raw stack key -> a stack in `heap_records`; holds no reference (see stack_cache.rs).
-    stack_cache: StackCache,
-    /// Raw frame key -> interned frame, for stacks the stack cache misses; holds references on
-    /// its ids (see frame_cache.rs).
-    frame_cache: FrameCache,
     object_records: FxMap<i64, ObjectRecord>,
     next_record_id: i64,
     /// Recordings seen since the last one kept, against `sample_rate`.
@@ -155,8 +150,9 @@ pub(crate) struct State {
     last_update_ns: Option<i64>,
     last_update: LastUpdate,
     lifetime: Lifetime,
-    /// String references we hold in the storage (interns minus uninterns of non-empty strings).
-    string_refs: u64,
+    /// Class-name references the records hold in the storage (the stacks' are counted by
+    /// `heap_records`).
+    class_refs: u64,
     /// Recordings are kept one in `thinning` on top of `sample_rate`, each weighted by it: a power
     /// of two, 1 unless the records neared `max_tracked_objects` (see `update`).
     thinning: u64,
@@ -182,6 +178,9 @@ pub struct HeapRecorder {
     /// run whenever the VM allocates, always finds them: `state` stays borrowed across calls that
     /// may allocate (an object's size function, during updates), this never does.
     pending: RefCell<Vec<PendingRecording>>,
+    /// The sampling path's caches, apart for the same reason (see caches.rs).
+    caches: RefCell<caches::Caches>,
+    handle_epoch: caches::HandleEpoch,
     strings: Strings,
 }
 
@@ -191,13 +190,6 @@ impl Default for HeapRecorder {
     }
 }
 
-fn refs_of(stack: &[Frame]) -> u64 {
-    stack
-        .iter()
-        .map(|f| u64::from(f.name != 0) + u64::from(f.filename != 0))
-        .sum()
-}
-
 impl HeapRecorder {
     pub fn new(options: RecorderOptions) -> Self {
         HeapRecorder {
@@ -205,8 +197,6 @@ impl HeapRecorder {
             state: RefCell::new(State {
                 options,
                 heap_records: HeapRecords::default(),
-                stack_cache: StackCache::default(),
-                frame_cache: FrameCache::default(),
                 object_records: FxMap::default(),
                 next_record_id: 0,
                 since_last_kept: 0,
@@ -217,11 +207,13 @@ impl HeapRecorder {
                 last_update_ns: None,
                 last_update: LastUpdate::default(),
                 lifetime: Lifetime::default(),
-                string_refs: 0,
+                class_refs: 0,
                 thinning: 1,
                 rng: 0x9E37_79B9_7F4A_7C15,
             }),
             pending: RefCell::new(Vec::with_capacity(MAX_PENDING_RECORDINGS)),
+            caches: RefCell::default(),
+            handle_epoch: caches::HandleEpoch::default(),
             strings: Strings::new(),
         }
     }
@@ -293,77 +285,6 @@ impl HeapRecorder {
         }
     }
 
-    /// Moves pending recordings into the tracked set, newest first: each is written to the
-    /// liveness table through `vm` and only then leaves the queue, so a failure (or a thread
-    /// switch) midway loses nothing; the failed entry and those older stay pending.
-    ///
-    /// Needs the GVL; may lose it and may allocate (through `vm`).
-    pub fn commit(&self, vm: &mut dyn Vm) -> Result<CommitOutcome> {
-        if !self.lock.try_lock(vm.current_thread()) {
-            self.state()?.lifetime.commits_skipped_locked += 1;
-            return Ok(CommitOutcome::SkippedLocked);
-        }
-        let _unlock = LockGuard(&self.lock);
-        let mut committed = 0;
-        loop {
-            let next = (self.pending()?.last()).map(|p| (p.record_id, p.object, p.hidden_at_birth));
-            let Some((record_id, object, hidden_at_birth)) = next else {
-                break;
-            };
-            if hidden_at_birth && vm.is_hidden(object) {
-                let mut state = self.state()?;
-                let Some(pending) = self.pending()?.pop() else {
-                    break;
-                };
-                state.lifetime.recordings_dropped_hidden += 1;
-                self.release_record(&mut state, &pending.stack, pending.data.class)?;
-                continue;
-            }
-            vm.remember(record_id, object)?;
-
-            let mut state = self.state()?;
-            let Some(pending) = self.pending()?.pop() else {
-                break;
-            };
-            if state.object_records.contains_key(&pending.record_id) {
-                // Cannot happen with ids we hand out; drop the entry (and what it holds) rather
-                // than loop on it forever.
-                self.release_record(&mut state, &pending.stack, pending.data.class)?;
-                return Err(HeapError::DuplicateRecordId {
-                    record_id: pending.record_id,
-                });
-            }
-            let seen_in_walk = state.walk_epoch;
-            state.object_records.insert(
-                pending.record_id,
-                ObjectRecord {
-                    stack: pending.stack,
-                    data: pending.data,
-                    seen_in_walk,
-                },
-            );
-            state.lifetime.deferred_recordings_committed += 1;
-            state.committed_since_walk += 1;
-            committed += 1;
-        }
-        // Thinned here too, not only by updates (which wait for a GC): between two GCs the
-        // records could otherwise reach the cap, and recordings past it are lost.
-        if self.adjust_thinning(vm)? {
-            self.strings.lock()?.compact();
-        }
-        Ok(CommitOutcome::Committed(committed))
-    }
-
-    /// Gives back what one record holds: its claim on the stack and its class name.
-    fn release_record(&self, state: &mut State, stack: &Stack, class: StringId) -> Result<()> {
-        let mut strings = self.strings.lock()?;
-        let last = state.heap_records.count(stack) == 1;
-        state.heap_records.release(&mut strings, stack)?;
-        let freed = u64::from(class != 0) + if last { refs_of(stack) } else { 0 };
-        state.string_refs = state.string_refs.saturating_sub(freed);
-        strings.unintern(class)
-    }
-
     /// For a forked child: the lock holder and any iterating thread are gone with the parent's
     /// other threads. Records (and pending recordings) stay; lifetime counters start again.
     pub fn after_fork(&self) -> Result<()> {
@@ -371,8 +292,7 @@ impl HeapRecorder {
         let mut state = self.state()?;
         state.iterating = false;
         state.lifetime = Lifetime::default();
-        state.stack_cache.clear();
-        state.frame_cache.clear(&mut self.strings.lock()?)?;
+        self.caches()?.clear(&mut self.strings.lock()?)?;
         Ok(())
     }
 
@@ -384,7 +304,8 @@ impl HeapRecorder {
             pending_recordings_count: self.pending_len()? as u64,
             last_update: state.last_update,
             lifetime: state.lifetime,
-            string_refs: state.string_refs,
+            string_refs: state.class_refs + state.heap_records.refs(),
+            dormant_heap_records: state.heap_records.dormant() as u64,
             thinning: state.thinning,
         })
     }
@@ -513,9 +434,8 @@ impl HeapRecorder {
             + state.object_records.capacity() * object_entry
             + pending.capacity() * std::mem::size_of::<PendingRecording>()
             + state.heap_records.memsize()
-            + state.stack_cache.memsize()
-            + state.frame_cache.memsize()
-            + state.string_refs as usize * 8
+            + self.caches_memsize()
+            + (state.class_refs + state.heap_records.refs()) as usize * 8
     }
 }
 

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::fake_vm::FakeVm;
-use crate::stack::RawFrame;
+use crate::stack::{refs_of, Frame, RawFrame};
 
 const SITES: [&str; 4] = ["alpha", "beta", "gamma", "delta"];
 const CLASSES: [Option<&str>; 3] = [Some("String"), Some("Array"), None];
@@ -78,7 +78,15 @@ fn check(
             .values()
             .map(|r| (&r.stack, r.data.class)),
     );
-    let mut live_ids = HashSet::new();
+    // Dormant records keep their ids until a sweep gives them back.
+    let mut live_ids: HashSet<u32> = (state.heap_records.iter_all())
+        .flat_map(|(s, _)| {
+            s.iter()
+                .flat_map(|f| [f.name, f.filename])
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    live_ids.extend(rec.caches().unwrap().class_ids());
     let mut class_refs = 0;
     for (stack, class) in stacks {
         *claims.entry(&**stack).or_default() += 1;
@@ -96,11 +104,11 @@ fn check(
     // The storage holds exactly what live records reference.
     let expected_refs: u64 = state
         .heap_records
-        .iter()
+        .iter_all()
         .map(|(s, _)| refs_of(s))
         .sum::<u64>()
         + class_refs;
-    assert_eq!(state.string_refs, expected_refs);
+    assert_eq!(state.class_refs + state.heap_records.refs(), expected_refs);
     for id in seen_ids.iter().filter(|&&id| id != 0) {
         assert_eq!(
             rec.strings().get(*id).is_ok(),
@@ -216,11 +224,18 @@ pub(super) fn everything_dies(
     objects.iter().for_each(|&o| vm.kill(o));
     vm.gc();
     rec.update(vm, UpdateKind::Full).unwrap();
+    // The stacks are dormant now; the next full update finds them unused since and gives back
+    // their ids.
+    let s = rec.stats().unwrap();
+    prop_assert_eq!((s.num_object_records, s.num_heap_records), (0, 0));
+    rec.update(vm, UpdateKind::Full).unwrap();
     let s = rec.stats().unwrap();
     prop_assert_eq!(
-        (s.num_object_records, s.num_heap_records, s.string_refs),
+        (s.num_heap_records, s.dormant_heap_records, s.string_refs),
         (0, 0, 0)
     );
+    // The caches (class names, frames) hold theirs until cleared.
+    rec.clear_stack_cache();
     for id in seen_ids.iter().filter(|&&id| id != 0) {
         prop_assert!(rec.strings().get(*id).is_err());
     }

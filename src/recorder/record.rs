@@ -2,8 +2,9 @@
 //! recording queued for the next commit. Reached from the NEWOBJ hook: see each function's
 //! contract.
 
+use super::caches::Caches;
 use super::{
-    refs_of, HeapRecorder, LiveObjectData, PendingRecording, RecordOutcome, Recorded, State,
+    HeapRecorder, LiveObjectData, PendingRecording, RecordOutcome, Recorded, State,
     MAX_PENDING_RECORDINGS,
 };
 use crate::error::{HeapError, Result, FIXNUM_MAX};
@@ -12,50 +13,54 @@ use crate::stack_cache::FrameSource;
 use crate::strings::Batch;
 use crate::vm::ObjectRef;
 
-/// The heap record for `source`'s stack with its count raised by one, and whether the record is
-/// new. A cache hit raises the count of the cached stack, interning nothing; a miss (or a cached
-/// stack that is no longer a record) names the frames, acquires them, and caches the result.
+/// The heap record for `source`'s stack with its count raised by one. A cache hit raises the
+/// count of the cached stack (live or dormant), interning nothing; a miss (or a cached stack that
+/// is no longer a record) names the frames the frame cache does not know, acquires the stack, and
+/// caches the result.
 fn acquire_stack<S: FrameSource + ?Sized>(
     state: &mut State,
+    caches: &mut Caches,
     strings: &mut Batch<'_>,
     source: &S,
-) -> Result<(Stack, bool)> {
+) -> Result<Stack> {
     let State {
         heap_records,
-        stack_cache,
-        frame_cache,
         lifetime,
         ..
     } = state;
-    let key = source.key().filter(|_| stack_cache.is_active());
+    let Caches { stacks, frames, .. } = caches;
+    let key = source.key().filter(|_| stacks.is_active());
     if let Some(key) = &key {
-        if let Some(stack) = stack_cache.get(key) {
-            if heap_records.acquire_existing(stack)? {
+        if let Some((stack, claims)) = stacks.get_entry(key) {
+            let claimed = match claims {
+                Some(claims) => heap_records.acquire_claimed(claims)?,
+                None => heap_records.acquire_existing(stack)?,
+            };
+            if claimed {
                 lifetime.stack_cache_hits += 1;
-                return Ok((stack.clone(), false));
+                return Ok(stack.clone());
             }
         }
         lifetime.stack_cache_misses += 1;
     }
-    let mut keys = std::mem::take(&mut frame_cache.keys);
-    let epoch = match stack_cache.is_active() {
+    let mut keys = std::mem::take(&mut frames.keys);
+    let epoch = match stacks.is_active() {
         true => source.frame_keys(&mut keys),
         false => None,
     };
     let stack = match epoch {
-        Some(epoch) => frame_cache
+        Some(epoch) => frames
             .enter(strings, epoch)
-            .and_then(|()| heap_records.acquire_cached(strings, frame_cache, &keys, source)),
-        None => source.with_frames(&mut |frames| heap_records.acquire(strings, frames)),
+            .and_then(|()| heap_records.acquire_cached(strings, frames, &keys, source)),
+        None => source.with_frames(&mut |named| heap_records.acquire(strings, named)),
     };
     keys.clear();
-    frame_cache.keys = keys;
+    frames.keys = keys;
     let stack = stack?;
     if let Some(key) = &key {
-        stack_cache.insert(key, &stack);
+        stacks.insert_with_claims(key, &stack, heap_records.claims_of(&stack));
     }
-    let fresh = heap_records.count(&stack) == 1;
-    Ok((stack, fresh))
+    Ok(stack)
 }
 
 impl HeapRecorder {
@@ -190,8 +195,9 @@ impl HeapRecorder {
                 weight,
                 sample_rate: state.options.sample_rate,
             })?;
-        let class = strings.intern(class_name.unwrap_or(""))?;
-        let (stack, fresh) = match acquire_stack(state, &mut strings, source) {
+        let mut caches = self.caches()?;
+        let class = caches.intern_class(&mut strings, class_name.unwrap_or(""))?;
+        let stack = match acquire_stack(state, &mut caches, &mut strings, source) {
             Ok(acquired) => acquired,
             Err(e) => {
                 let _ = strings.unintern(class);
@@ -201,7 +207,7 @@ impl HeapRecorder {
         // The id is taken last: nothing can fail after this point.
         state.next_record_id += 1;
         let record_id = state.next_record_id;
-        state.string_refs += u64::from(class != 0) + if fresh { refs_of(&stack) } else { 0 };
+        state.class_refs += u64::from(class != 0);
         pending.push(PendingRecording {
             object,
             record_id,
@@ -221,33 +227,5 @@ impl HeapRecorder {
             outcome: RecordOutcome::Pending,
             needs_commit: true,
         })
-    }
-
-    /// Sizes the stack cache, so the sampling path never has to. Call when sampling starts.
-    pub fn reserve_stack_cache(&self) -> Result<()> {
-        self.state()?.stack_cache.reserve();
-        Ok(())
-    }
-
-    /// Forgets every cached stack (keeping the table) and every cached frame. The stack cache
-    /// holds no reference in the recorder; the frame cache gives its references back. Skipped,
-    /// harmlessly, if the state or the storage is in use.
-    pub fn clear_stack_cache(&self) {
-        if let Ok(mut state) = self.state.try_borrow_mut() {
-            state.stack_cache.clear();
-            if let Some(mut strings) = self.strings.try_lock() {
-                let _ = state.frame_cache.clear(&mut strings);
-            }
-        }
-    }
-
-    /// Test switch: with the caches off every recording names and interns its frames.
-    pub fn set_stack_cache_enabled(&self, enabled: bool) -> Result<()> {
-        let mut state = self.state()?;
-        state.stack_cache.set_enabled(enabled);
-        if !enabled {
-            state.frame_cache.clear(&mut self.strings.lock()?)?;
-        }
-        Ok(())
     }
 }

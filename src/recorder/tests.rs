@@ -1,4 +1,5 @@
 use super::*;
+use crate::vm::Vm;
 use crate::fake_vm::FakeVm;
 use crate::recorder::update::{UpdateKind, UpdateOutcome, OLD_AGE};
 use crate::stack::RawFrame;
@@ -101,6 +102,7 @@ fn commit_drops_objects_still_hidden_and_keeps_revealed_ones() {
     vm.kill(hidden_for_a_while);
     vm.gc();
     full_update(&rec, &mut vm);
+    full_update(&rec, &mut vm); // the dormant stacks go
     let s = rec.stats().unwrap();
     assert_eq!(
         (s.num_object_records, s.num_heap_records, s.string_refs),
@@ -237,11 +239,14 @@ fn strings_return_to_baseline_when_everything_dies() {
     objs.iter().for_each(|&o| vm.kill(o));
     let last = full_update(&rec, &mut vm);
     assert_eq!(last.objects_dead, 20);
+    assert!(rec.stats().unwrap().dormant_heap_records > 0);
+    full_update(&rec, &mut vm); // unused since the last: the dormant stacks go
     let s = rec.stats().unwrap();
     assert_eq!(
         (s.num_object_records, s.num_heap_records, s.string_refs),
         (0, 0, 0)
     );
+    rec.clear_stack_cache(); // the class cache's references
     for id in ids {
         assert!(rec.strings().get(id).is_err(), "id {id} still interned");
     }
@@ -681,6 +686,7 @@ fn lookup_failure_midway_releases_lock_and_keeps_state_consistent() {
     assert_eq!(rec.stats().unwrap().num_object_records, 2);
     let last = full_update(&rec, &mut vm);
     assert_eq!(last.objects_dead, 2);
+    full_update(&rec, &mut vm); // the dormant stack goes
     assert_eq!(rec.stats().unwrap().string_refs, 0);
 }
 

@@ -147,7 +147,15 @@ impl HeapRecorder {
         };
 
         let thinned = self.adjust_thinning(vm)?;
-        if any_dead || thinned {
+        // Dormant stacks unused since the last full update give their ids back (see stack.rs).
+        let swept = full && {
+            let mut state = self.state()?;
+            state
+                .heap_records
+                .sweep_dormant(&mut self.strings.lock()?, false)
+                > 0
+        };
+        if any_dead || thinned || swept {
             self.strings.lock()?.compact();
         }
         let mut state = self.state()?;

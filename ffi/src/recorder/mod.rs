@@ -213,13 +213,26 @@ impl<S: StringTable> HeapRecorder<S> {
     /// class name (libdatadog's storage). Always deferred: the object id is taken later, in
     /// [`Self::finalize_pending_recordings`]. Returns whether an after-allocation callback is needed.
     pub fn start_recording(&self, object: usize, weight: u32, class: CharSlice) -> bool {
-        let decision = self.with(|s| {
+        let sampled = self.with(|s| {
             if !matches!(s.active, Active::None) {
                 s.lifetime.recordings_dropped += 1;
             }
             s.num_recordings_skipped = s.num_recordings_skipped.saturating_add(1);
-            if s.num_recordings_skipped < s.sample_rate || s.updating {
+            let sampled = s.num_recordings_skipped >= s.sample_rate && !s.updating;
+            if !sampled {
                 s.active = Active::Skipped;
+            }
+            sampled
+        });
+        // An internal object is skipped after the sample rate has picked it, without resetting
+        // the skip count, so the next allocation sample gets its chance (as heap_recorder.c 2.42).
+        let internal = |o| self.host.is_internal.is_some_and(|f| f(o));
+        if sampled && internal(object) {
+            self.with(|s| s.active = Active::Skipped);
+            return false;
+        }
+        let decision = self.with(|s| {
+            if !sampled {
                 return None;
             }
             if s.pending.len() >= MAX_PENDING_RECORDINGS {
@@ -363,7 +376,7 @@ impl<S: StringTable> HeapRecorder<S> {
                 break;
             };
             let mut id = 0i64;
-            let rc = (self.host.obj_id)(object, &mut id);
+            let rc = (self.host.obj_id)(self.host.ctx, object, &mut id);
             // Another thread the id call let in may have taken it meanwhile.
             let Some(p) = self.with(|s| {
                 let at = s.pending.iter().position(|p| p.object == object)?;
@@ -377,7 +390,7 @@ impl<S: StringTable> HeapRecorder<S> {
                 -1 => {
                     self.drop_record(&p.heap_record, p.data.class);
                     Err(Failure::Runtime(
-                        "Heap profiling: bignum object id detected. Heap profiling cannot continue."
+                        "Heap profiling: no Fixnum id (bignum object id, or record ids exhausted). Heap profiling cannot continue."
                             .into(),
                     ))
                 }

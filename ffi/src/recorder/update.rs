@@ -101,7 +101,7 @@ impl<S: StringTable> HeapRecorder<S> {
         });
         let Some(measure) = check else { return Ok(()) };
         let (mut size, mut frozen) = (0usize, false);
-        match (self.host.lookup)(id, measure, &mut size, &mut frozen) {
+        match (self.host.lookup)(self.host.ctx, id, measure, &mut size, &mut frozen) {
             LOOKUP_DEAD => {
                 let removed = self.with(|s| {
                     s.last_update.objects_dead += 1;

@@ -115,14 +115,18 @@ impl Session {
         }
     }
 
-    /// Marks (and pins) every Ruby object the session holds: the WeakMap, and the objects of
-    /// pending recordings (alive and unmoved until their commit). Tracked objects are not marked:
-    /// the WeakMap holds them weakly, which is how we learn they died. Called from mark
-    /// functions; never allocates, raises or panics.
+    /// Marks (and pins) every Ruby object the session holds: the WeakMap, the objects of
+    /// pending recordings (alive and unmoved until their commit), and the frame handles (iseqs,
+    /// method entries) the sampling path's caches hold, so that a cached handle keeps naming the
+    /// frame it named (see `capture.rs`). Tracked objects are not marked: the WeakMap holds them
+    /// weakly, which is how we learn they died. Called from mark functions; never allocates,
+    /// raises or panics.
     pub fn mark(&self) {
         shims::gc_mark(self.weak_map.get());
-        // The queue is never borrowed across an allocation, so a GC always finds it free.
+        // The queue and the caches are never borrowed across an allocation, so a GC finds them
+        // free (if not, the core starts a new handle epoch).
         let _ = (self.core).for_each_pending_object(|object| shims::gc_mark(object as VALUE));
+        (self.core).mark_cached_handles(|handle| shims::gc_mark(handle as VALUE));
     }
 
     pub fn mark_dropped(&self) {
@@ -283,7 +287,7 @@ impl Session {
     /// The commit from the postponed job: errors are kept, never raised.
     /// Its time counts against the overhead budget, which may then rescale the interval.
     pub fn commit_from_job(&self, ruby: &Ruby) {
-        self.own_work(|| {
+        self.own_work(false, || {
             if let Err(e) = self.with_vm(ruby, |vm| self.core.commit(vm)) {
                 self.keep_job_error(e);
             }
@@ -294,7 +298,7 @@ impl Session {
     /// The gated young update from the GC-end job: errors are kept, never raised.
     /// Its time counts against the overhead budget.
     pub fn young_update_from_job(&self, ruby: &Ruby) {
-        self.own_work(|| {
+        self.own_work(true, || {
             if let Err(e) = self.with_vm(ruby, |vm| self.core.update(vm, UpdateKind::Young)) {
                 self.keep_job_error(e);
             }
@@ -302,9 +306,15 @@ impl Session {
     }
 
     /// Runs `work`, a job's share of our own work: its thread CPU time counts against the
-    /// overhead budget, its wall time is left out of the windowed sampler's gap rates.
-    fn own_work(&self, work: impl FnOnce()) {
-        let started = self.sampler.budget.start();
+    /// overhead budget (`rare` work is always timed, the rest one time in sixteen: see
+    /// budget.rs), its wall time is left out of the windowed sampler's gap rates.
+    fn own_work(&self, rare: bool, work: impl FnOnce()) {
+        let budget = &self.sampler.budget;
+        let started = if rare {
+            budget.start_always()
+        } else {
+            budget.start()
+        };
         let wall = Instant::now();
         work();
         self.sampler.add_own_time(wall.elapsed().as_nanos() as u64);

@@ -8,11 +8,14 @@
 //! from the mean in force at the time (windowed: the window covering its share of the gap before
 //! it), so a change of the mean changes how many samples there are, not what they add up to.
 //!
-//! Our time is the thread CPU time (`CLOCK_THREAD_CPUTIME_ID`, a system call of about 0.3 µs
-//! here, two per timed stretch, against 20–30 µs for a sample in a service) of the work, not its
-//! wall time: a stretch descheduled on a loaded machine (up to milliseconds, seen in the service
-//! bench) would otherwise count as ours, and one such stretch in a period raised the interval
-//! eightfold for nothing. The process's CPU time (`CLOCK_PROCESS_CPUTIME_ID`) is read only when a
+//! Our time is the thread CPU time (`CLOCK_THREAD_CPUTIME_ID`) of the work, not its wall time:
+//! a stretch descheduled on a loaded machine (up to milliseconds, seen in the service bench)
+//! would otherwise count as ours, and one such stretch in a period raised the interval eightfold
+//! for nothing. That clock is a system call, about 0.8 µs a read on the 2-core VMs here, two per
+//! stretch: more than a whole sample now costs. So the frequent stretches (a sample, a commit)
+//! are timed one in [`TIME_ONE_IN`], drawn at random (a program's own rhythm cannot alias with
+//! it), and each timed one is charged for as many: an unbiased estimate of our time at a
+//! sixteenth of the clock's cost. Rare, long stretches (young updates) are always timed. The process's CPU time (`CLOCK_PROCESS_CPUTIME_ID`) is read only when a
 //! period may end, at most once per `PERIOD_WALL_NS` of wall time, from the commit job (never
 //! from the hook).
 //!
@@ -34,6 +37,17 @@ const HYSTERESIS: f64 = 1.25;
 const MAX_STEP: f64 = 8.0;
 /// Largest scale: intervals up to sample_every x 2^20.
 const MAX_SCALE: f64 = 1_048_576.0;
+
+/// The frequent stretches are timed one in this many (see the module docs).
+pub const TIME_ONE_IN: u64 = 16;
+
+/// A stretch of our work being timed: when it started and how many stretches it stands for
+/// (0: not timed).
+#[derive(Clone, Copy)]
+pub struct Stretch {
+    started_ns: u64,
+    stands_for: u64,
+}
 
 /// Where the process's CPU time comes from: the kernel, or (tests) a model that charges a fixed
 /// cost per allocation of the program and per sample, so a spec can assert what the budget does
@@ -67,6 +81,8 @@ pub struct Budget {
     pub lowers: Cell<u64>,
     /// The largest scale it reached.
     pub max_scale: Cell<f64>,
+    /// The draw of which stretches are timed (xorshift64).
+    draws: Cell<u64>,
     /// The last period's overhead (our time over the process's CPU time).
     pub last_overhead: Cell<f64>,
 }
@@ -88,6 +104,7 @@ impl Budget {
             lowers: Cell::new(0),
             max_scale: Cell::new(1.0),
             last_overhead: Cell::new(0.0),
+            draws: Cell::new(0x9e37_79b9_7f4a_7c15),
         }
     }
 
@@ -107,20 +124,42 @@ impl Budget {
         self.max_overhead.get() > 0.0
     }
 
-    /// Our thread's CPU time now when timing for the budget, else 0 (no system call).
+    /// Starts a frequent stretch (a sample, a commit): timed one in [`TIME_ONE_IN`], at random,
+    /// and only under a budget (no system call otherwise).
     #[inline]
-    pub fn start(&self) -> u64 {
-        match self.active() {
-            true => thread_cpu_ns(),
-            false => 0,
+    pub fn start(&self) -> Stretch {
+        let mut x = self.draws.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.draws.set(x);
+        match self.active() && x % TIME_ONE_IN == 0 {
+            true => Stretch {
+                started_ns: thread_cpu_ns(),
+                stands_for: TIME_ONE_IN,
+            },
+            false => Stretch {
+                started_ns: 0,
+                stands_for: 0,
+            },
         }
     }
 
-    /// Charges the thread CPU time since `started` (from `start`); nothing without a budget.
+    /// Starts a rare stretch (a young update): always timed under a budget.
+    pub fn start_always(&self) -> Stretch {
+        Stretch {
+            started_ns: if self.active() { thread_cpu_ns() } else { 0 },
+            stands_for: u64::from(self.active()),
+        }
+    }
+
+    /// Charges the thread CPU time since `stretch` started, for as many stretches as it stands
+    /// for; nothing for an untimed one.
     #[inline]
-    pub fn charge_since(&self, started: u64) {
-        if self.active() {
-            self.charge(thread_cpu_ns().saturating_sub(started));
+    pub fn charge_since(&self, stretch: Stretch) {
+        if stretch.stands_for > 0 {
+            let spent = thread_cpu_ns().saturating_sub(stretch.started_ns);
+            self.charge(spent.saturating_mul(stretch.stands_for));
         }
     }
 

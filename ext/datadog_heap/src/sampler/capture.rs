@@ -15,17 +15,17 @@ pub struct CapturedStack<'a> {
     /// The buffers' size: a capture that filled them may have been cut short by it.
     pub capacity: usize,
     pub max_frames: usize,
-    pub gc_count: u64,
+    /// `shims::frame_epoch` of the core's handle epoch.
+    pub epoch: u64,
 }
 
 impl FrameSource for CapturedStack<'_> {
     /// Frame handles are iseqs and method entries: the same handle and line name the same frame
-    /// until the next GC (which may free it and reuse its slot) or the next compaction move, so
-    /// `shims::frame_epoch` (GC count and moved-object count) is the key's epoch. (A frame we
-    /// see running is alive, so even a lazy sweep still finishing the GC that set the count
-    /// cannot free it; `rb_gc_count` moves at the start of the next GC, before that one marks or
-    /// frees anything, and every move bumps the moved count.) `VALUE` is a 64-bit integer here, as
-    /// the key's handles are. Naming depends on the whole capture (a C frame takes the location
+    /// for as long as the handle is alive and unmoved. A frame we see running is alive now; once
+    /// cached, the session's mark function marks (and so pins) it at every GC, minor ones
+    /// included, for as long as it stays cached, so its slot is never freed and reused and it
+    /// never moves. A GC that could not mark the caches moves the core's handle epoch on, a
+    /// compaction move the moved count (see `shims::frame_epoch`); the key carries both. `VALUE` is a 64-bit integer here, as the key's handles are. Naming depends on the whole capture (a C frame takes the location
     /// of the Ruby frame below it; truncation counts the frames dropped) and on `max_frames`
     /// (the salt); the key holds all of it.
     fn key(&self) -> Option<RawStackKey<'_>> {
@@ -33,7 +33,7 @@ impl FrameSource for CapturedStack<'_> {
             frames: self.frames,
             lines: self.lines,
             salt: self.max_frames as u64,
-            epoch: shims::frame_epoch(self.gc_count),
+            epoch: self.epoch,
         })
     }
 
@@ -128,7 +128,7 @@ impl CapturedStack<'_> {
     }
 }
 
-/// Per-frame keys for the recorder's frame cache (issue 22). A frame's name depends on its
+/// Per-frame keys for the recorder's frame cache. A frame's name depends on its
 /// handle alone; its file and line on its handle and line for a Ruby frame with a line, and on
 /// the frame it is located at otherwise (see `location`): the key holds that frame's handle and
 /// line then. The epoch is the stack cache's (see `key`).
@@ -157,7 +157,7 @@ impl CapturedStack<'_> {
             };
             out.push(key);
         }
-        shims::frame_epoch(self.gc_count)
+        self.epoch
     }
 
     /// Names kept frame `i` as `with_frames` would. Allocates its name (Rust allocator).

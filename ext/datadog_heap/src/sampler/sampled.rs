@@ -60,7 +60,7 @@ pub fn sample(
         lines: &lines[..depth],
         capacity,
         max_frames: config.max_frames,
-        gc_count,
+        epoch: shims::frame_epoch(core.handle_epoch()),
     };
     let hidden = shims::hidden_class_name(object);
     let class_name = hidden.unwrap_or_else(|| capture::class_name_of(object));

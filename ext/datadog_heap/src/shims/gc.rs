@@ -156,13 +156,16 @@ pub fn total_moved_objects() -> u64 {
     unsafe { rb_sys::rb_gc_stat(key) as u64 }
 }
 
-/// The period in which frame handles (iseqs, method entries) keep their addresses: it changes
-/// at every GC (which may free a handle and reuse its slot) and at every object compaction
-/// moves. A GC count alone is not enough: Ruby 3.1 compacts incrementally, during the lazy sweep
-/// that follows a major GC with `GC.auto_compact`, so objects move between two allocations while
-/// `rb_gc_count` stays put. The GC count in the high 32 bits, the moved count in the low 32: two
-/// periods share an epoch only 2^32 GCs or 2^32 moves apart with nothing else changing. Needs
-/// the GVL; allocation-free and never raises (hook-safe).
-pub fn frame_epoch(gc_count: u64) -> u64 {
-    (gc_count << 32) | (total_moved_objects() & 0xffff_ffff)
+/// The period in which the frame handles (iseqs, method entries) the caches hold keep naming
+/// the frames they named: the core's handle epoch (which moves when a GC could not mark the
+/// cached handles; while it stands every cached handle is marked, so alive and pinned) and the
+/// objects compaction has moved. Pinning covers what is cached at a GC's mark, not a handle
+/// captured after it: the VM marks the frames on a stack movably, and Ruby 3.1 compacts
+/// incrementally during the lazy sweep after a major GC with `GC.auto_compact`, so a frame just
+/// cached can still move before the next mark pins it. Every move starts a new period (programs
+/// that compact start their caches afresh; the others never do). The handle epoch in the high 32
+/// bits, the moved count in the low 32. Needs the GVL; allocation-free and never raises
+/// (hook-safe).
+pub fn frame_epoch(handle_epoch: u64) -> u64 {
+    (handle_epoch << 32) | (total_moved_objects() & 0xffff_ffff)
 }
