@@ -177,6 +177,9 @@ module DatadogHeap
   end
 end
 
+require_relative "datadog_heap/compat"
+DatadogHeap::Compat.check_main_ractor!
+
 # A build for this Ruby's minor version first (`rake compile` and precompiled gems put it there),
 # then the one `gem install` compiles.
 begin

@@ -14,6 +14,8 @@
 #   CARGO_TARGET_DIR          where cargo builds; kept after install when given
 #   DATADOG_HEAP_KEEP_TARGET  1 keeps the private build directory after `make install`
 #   DATADOG_HEAP_NO_RB_SYS    1 writes the cargo-driven Makefile even when rb_sys is installed
+#   DATADOG_HEAP_SKIP_CHECKS  1 skips the checks of what the build needs (Ruby headers, cargo,
+#                             libclang) that otherwise stop it with a list of what is missing
 
 require "mkmf"
 require "rbconfig"
@@ -30,6 +32,41 @@ rescue LoadError
   false
 end
 
+# What the build needs, checked before anything runs, so a Ruby with no prebuilt extension (3.2,
+# 4.0, or any other platform) either compiles with a line saying what happens, or stops with one
+# saying what is missing (docs/compatibility.md).
+def check_build_requirements
+  problems = []
+  version = Gem::Version.new(RUBY_VERSION)
+  problems << "Ruby #{RUBY_VERSION} is older than 3.1, the oldest this gem supports" if version < Gem::Version.new("3.1")
+  problems << "#{RUBY_ENGINE} is not CRuby: the recorder uses CRuby's C API" unless RUBY_ENGINE == "ruby"
+  ruby_h = File.join(RbConfig::CONFIG["rubyhdrdir"].to_s, "ruby.h")
+  problems << "Ruby's C headers are missing (#{ruby_h}; Debian: ruby-dev)" unless File.exist?(ruby_h)
+  cargo = ENV.fetch("CARGO", "cargo")
+  cargo_version = begin
+    IO.popen([cargo, "--version"], err: File::NULL, &:read)[/\d+\.\d+\.\d+/]
+  rescue SystemCallError
+    nil
+  end
+  if cargo_version.nil?
+    problems << "`#{cargo}` was not found: building needs Rust (cargo >= 1.85; https://rustup.rs or your package manager)"
+  elsif Gem::Version.new(cargo_version) < Gem::Version.new("1.85")
+    problems << "cargo #{cargo_version} is older than 1.85, the oldest that builds this gem (rustup update)"
+  end
+  # bindgen (through rb-sys) loads libclang to read Ruby's headers.
+  libclang = ENV["LIBCLANG_PATH"].to_s.empty? ? nil : Dir[File.join(ENV["LIBCLANG_PATH"], "libclang*.so*")].first
+  libclang ||= (IO.popen(%w[ldconfig -p], err: File::NULL, &:read) rescue "")[/libclang[-.\w]*\.so\S*/]
+  libclang ||= Dir["/usr/lib/llvm-*/lib/libclang*.so*", "/usr/lib64/libclang*.so*", "/usr/lib/*/libclang*.so*"].first
+  problems << "libclang was not found (Debian/Ubuntu: libclang-dev; RHEL: clang-devel; or set LIBCLANG_PATH)" unless libclang
+  unless problems.empty?
+    abort(["datadog_heap: cannot build the extension for Ruby #{RUBY_VERSION} (#{RUBY_PLATFORM}):", *problems.map { |p| "  - #{p}" }].join("\n"))
+  end
+  tested = %w[3.1 3.3 3.4].include?(RUBY_VERSION[/\A\d+\.\d+/])
+  message "datadog_heap: compiling the extension for Ruby #{RUBY_VERSION} (#{RUBY_PLATFORM}) with cargo " \
+    "#{cargo_version}; this takes a few minutes#{tested ? "" : ". This Ruby is not tested by the gem's CI (see docs/compatibility.md)"}\n"
+end
+check_build_requirements unless ENV["DATADOG_HEAP_SKIP_CHECKS"] == "1"
+
 if rb_sys_available?
   create_rust_makefile("#{EXT_NAME}/#{EXT_NAME}") do |r|
     r.profile = ENV.fetch("RB_SYS_CARGO_PROFILE", :release).to_sym
@@ -38,12 +75,6 @@ if rb_sys_available?
 end
 
 cargo = ENV.fetch("CARGO", "cargo")
-unless system(cargo, "--version", out: File::NULL, err: File::NULL)
-  abort <<~MSG
-    datadog_heap: `#{cargo}` was not found. Building this gem needs Rust (cargo >= 1.85):
-    install it with https://rustup.rs or your system's package manager, then retry.
-  MSG
-end
 
 src_dir = File.expand_path(__dir__)
 user_target_dir = ENV["CARGO_TARGET_DIR"].to_s

@@ -164,8 +164,10 @@ module DatadogHeap
 
     # Starts sampling (see docs/samplers.md and docs/architecture.md, "Lifecycle"). The first start of a
     # windowed recorder in the process first checks, before Ruby 3.3, for gems that the window
-    # timer's signals would break (DatadogHeap.check_window_signals).
+    # timer's signals would break (DatadogHeap.check_window_signals). Raises DatadogHeap::Error
+    # under a GC other than Ruby's default one (Compat.gc_refusal).
     def start
+      Compat.check_gc!
       DatadogHeap.check_window_signals if windows_per_second
       DatadogHeap.announce_preset(preset) if preset
       _native_start

@@ -12,11 +12,16 @@ require "zlib"
 module StressHelpers
   class ChildFailed < StandardError; end
 
+  # Multiplies every child's deadline: STRESS_DEADLINE_SCALE=10 under qemu-user emulation (about
+  # ten times slower than native; bin/arm64-check sets it), 1 otherwise.
+  DEADLINE_SCALE = Float(ENV.fetch("STRESS_DEADLINE_SCALE", "1"))
+
   # Runs the block in a forked child and returns its (Marshal-able) value. The block gets a
   # `progress` callable: each call's text is kept, and the last ones are shown if the child
   # crashes or is still running after `seconds` (then it is killed). An exception in the child is
   # re-raised here with its class, message, backtrace and the child's `@rec.debug`.
   def in_child(seconds, &block)
+    seconds *= DEADLINE_SCALE
     reader, writer = IO.pipe
     pid = fork do
       Process.setpgid(0, 0) # so a deadline kills the child's own children too

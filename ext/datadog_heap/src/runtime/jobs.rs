@@ -4,7 +4,15 @@
 //!
 //! Ruby >= 3.3 preregisters each job once and triggers it by handle; older Rubies register it by
 //! function each time (the VM dedups). Either way the request functions are safe inside NEWOBJ
-//! and from a signal handler: no allocation, no raise, no GVL release.
+//! and from a signal handler: no allocation, no raise, no GVL release. Which API is used follows
+//! what the Ruby headers declare (build.rs: `dh_postponed_job_preregister`, the same Rubies as
+//! `ruby_gte_3_3`), so a Ruby that removed `rb_postponed_job_register_one` (4.1) never links it.
+//!
+//! A job may run with nothing to do: the VM coalesces triggers and flushes the job table highest
+//! handle first, so a job triggered again while another runs (a GC inside the commit job asks for
+//! a young update) can run twice in one flush, the second time after the first did the work.
+//! Each job only acts on what is still pending (the commit job on sessions with pending
+//! recordings, the young update after a GC it has not seen), so a repeat is a no-op.
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -16,7 +24,7 @@ use super::{busy::BusyGuard, prune, sessions, Session};
 use crate::shims;
 use crate::stage_costs::{self, Stage};
 
-#[cfg(ruby_gte_3_3)]
+#[cfg(dh_postponed_job_preregister)]
 mod handles {
     use std::sync::atomic::AtomicU32;
     pub static COMMIT: AtomicU32 = AtomicU32::new(u32::MAX);
@@ -26,7 +34,7 @@ mod handles {
 
 /// Registers the jobs with the VM (Ruby >= 3.3). Needs the GVL; call once at load.
 pub fn init() {
-    #[cfg(ruby_gte_3_3)]
+    #[cfg(dh_postponed_job_preregister)]
     {
         use std::sync::atomic::Ordering::Relaxed;
         for (slot, job) in [
@@ -41,17 +49,17 @@ pub fn init() {
 
 /// Asks the VM to run the commit job soon. Async-signal-safe; fine inside the NEWOBJ hook.
 pub fn request_commit() {
-    #[cfg(ruby_gte_3_3)]
+    #[cfg(dh_postponed_job_preregister)]
     trigger(&handles::COMMIT);
-    #[cfg(not(ruby_gte_3_3))]
+    #[cfg(not(dh_postponed_job_preregister))]
     register(commit_job);
 }
 
 /// Asks the VM to run the young-update job soon. Async-signal-safe.
 pub fn request_young_update() {
-    #[cfg(ruby_gte_3_3)]
+    #[cfg(dh_postponed_job_preregister)]
     trigger(&handles::YOUNG_UPDATE);
-    #[cfg(not(ruby_gte_3_3))]
+    #[cfg(not(dh_postponed_job_preregister))]
     register(young_update_job);
 }
 
@@ -59,9 +67,9 @@ pub fn request_young_update() {
 /// included. Ruby < 3.3: from a Ruby thread only (the timer's signal handler runs on one; see
 /// `windows`), and the job runs when that thread next holds the GVL.
 pub fn request_window() {
-    #[cfg(ruby_gte_3_3)]
+    #[cfg(dh_postponed_job_preregister)]
     trigger(&handles::WINDOW);
-    #[cfg(not(ruby_gte_3_3))]
+    #[cfg(not(dh_postponed_job_preregister))]
     register(window_job);
 }
 
@@ -76,12 +84,12 @@ extern "C" fn window_job(_data: *mut c_void) {
     }));
 }
 
-#[cfg(ruby_gte_3_3)]
+#[cfg(dh_postponed_job_preregister)]
 fn trigger(handle: &std::sync::atomic::AtomicU32) {
     shims::postponed_job_trigger(handle.load(std::sync::atomic::Ordering::Relaxed));
 }
 
-#[cfg(not(ruby_gte_3_3))]
+#[cfg(not(dh_postponed_job_preregister))]
 fn register(job: shims::Job) {
     shims::postponed_job_register_one(job);
 }

@@ -118,7 +118,7 @@ pub type Job = extern "C" fn(*mut std::ffi::c_void);
 
 /// Registers `job` once for `postponed_job_trigger` (Ruby >= 3.3); `u32::MAX` if refused. Needs
 /// the GVL; call at load.
-#[cfg(ruby_gte_3_3)]
+#[cfg(dh_postponed_job_preregister)]
 pub fn postponed_job_preregister(job: Job) -> u32 {
     // SAFETY: GVL held per the contract; `job` is a function of this extension, valid for the
     // life of the process (the extension is never unloaded).
@@ -126,8 +126,9 @@ pub fn postponed_job_preregister(job: Job) -> u32 {
 }
 
 /// Asks the VM to run the preregistered job `handle` soon. Safe from any context, a signal
-/// handler, the NEWOBJ hook or a thread that is not a Ruby thread included.
-#[cfg(ruby_gte_3_3)]
+/// handler, the NEWOBJ hook or a thread that is not a Ruby thread included (Ruby 4's GC threads
+/// too: the GC-end hook calls nothing else).
+#[cfg(dh_postponed_job_preregister)]
 pub fn postponed_job_trigger(handle: u32) {
     if handle != u32::MAX {
         // SAFETY: `handle` came from rb_postponed_job_preregister; vm_trace.c documents
@@ -139,7 +140,9 @@ pub fn postponed_job_trigger(handle: u32) {
 /// Asks the VM to run `job` soon (Ruby < 3.3; the VM dedups by function). Needs a Ruby thread
 /// (it reads the caller's execution context); fine inside the NEWOBJ hook and from a signal
 /// handler on that thread. A full buffer drops the request; the next sample or GC asks again.
-#[cfg(not(ruby_gte_3_3))]
+/// Compiled only where the headers lack the 3.3 API (build.rs), and only where they declare
+/// this one: Ruby 4.1 removed it.
+#[cfg(all(not(dh_postponed_job_preregister), dh_postponed_job_register_one))]
 pub fn postponed_job_register_one(job: Job) {
     // SAFETY: rb_postponed_job_register_one only appends to a preallocated buffer (or reports it
     // full); it is meant for signal handlers and hooks.
