@@ -33,6 +33,10 @@ pub(crate) struct Caches {
     /// Class name -> its id, one reference each: a sample of a class seen before counts a
     /// reference instead of interning the name (a string hash and two lookups in the storage).
     classes: HashMap<Box<str>, StringId, BuildHasherDefault<FxHasher>>,
+    /// The handle epoch the cached handles belong to. Behind the recorder's (a GC could not mark
+    /// them), the handles may have been freed: they are neither marked again nor used, and the
+    /// next recording empties the caches (`refresh`).
+    epoch: u64,
 }
 
 impl Caches {
@@ -64,6 +68,16 @@ impl Caches {
     /// Forgets every class name, giving back the cache's references.
     pub(crate) fn clear_classes(&mut self, strings: &mut Batch<'_>) -> Result<()> {
         strings.unintern_all(self.classes.drain().map(|(_, id)| id))
+    }
+
+    /// Empties the caches if their handles belong to an epoch before `epoch` (see `epoch`).
+    pub(crate) fn refresh(&mut self, strings: &mut Batch<'_>, epoch: u64) -> Result<()> {
+        if self.epoch == epoch {
+            return Ok(());
+        }
+        self.epoch = epoch;
+        self.stacks.clear();
+        self.frames.clear(strings)
     }
 
     /// Forgets everything cached, giving back what the caches hold.
@@ -101,10 +115,12 @@ impl HeapRecorder {
     /// Never allocates, raises or panics.
     pub fn mark_cached_handles(&self, mut mark: impl FnMut(u64)) {
         match self.caches.try_borrow() {
-            Ok(caches) => {
+            // Handles of an older epoch may have been freed: marking one could touch a dead slot.
+            Ok(caches) if caches.epoch == self.handle_epoch() => {
                 caches.stacks.for_each_handle(&mut mark);
                 caches.frames.for_each_handle(&mut mark);
             }
+            Ok(_) => {}
             Err(_) => {
                 let epoch = &self.handle_epoch.epoch;
                 epoch.set(epoch.get().wrapping_add(1));

@@ -196,6 +196,7 @@ impl HeapRecorder {
                 sample_rate: state.options.sample_rate,
             })?;
         let mut caches = self.caches()?;
+        caches.refresh(&mut strings, self.handle_epoch())?;
         let class = caches.intern_class(&mut strings, class_name.unwrap_or(""))?;
         let stack = match acquire_stack(state, &mut caches, &mut strings, source) {
             Ok(acquired) => acquired,

@@ -313,3 +313,34 @@ proptest! {
         super::proptests::everything_dies(&rec, &mut vm, &objects, &seen_ids)?;
     }
 }
+
+#[test]
+fn the_gc_mark_sees_every_cached_handle_and_none_after_a_gc_that_could_not_mark() {
+    let rec = cached_recorder();
+    let mut vm = FakeVm::new();
+    let site = Captured::new(&[100, 200], rec.handle_epoch(), frames(&["inner", "outer"]));
+    record(&rec, &mut vm, &site);
+    let mut marked = Vec::new();
+    rec.mark_cached_handles(|h| marked.push(h));
+    marked.sort_unstable();
+    marked.dedup();
+    assert_eq!(marked, vec![100, 200]);
+
+    // A GC while the caches are in use marks nothing and moves the epoch on...
+    let epoch = rec.handle_epoch();
+    {
+        let _busy = rec.caches().unwrap();
+        rec.mark_cached_handles(|_| panic!("marked while the caches were in use"));
+    }
+    assert_eq!(rec.handle_epoch(), epoch + 1);
+    // ...so the handles kept from before may be dead: no later GC marks them,
+    rec.mark_cached_handles(|h| panic!("marked handle {h} of an older epoch"));
+    // and the next recording starts the caches afresh (the old entry is not a hit).
+    let hits = rec.stats().unwrap().lifetime.stack_cache_hits;
+    let site = Captured::new(&[100, 200], rec.handle_epoch(), frames(&["inner", "outer"]));
+    record(&rec, &mut vm, &site);
+    assert_eq!(rec.stats().unwrap().lifetime.stack_cache_hits, hits);
+    let mut marked = Vec::new();
+    rec.mark_cached_handles(|h| marked.push(h));
+    assert!(marked.contains(&100) && marked.contains(&200));
+}
