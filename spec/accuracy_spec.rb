@@ -21,11 +21,11 @@ RSpec.describe "countdown estimates", :heavy do
     keep
   end
 
-  def estimate(sample_every, iterations, **options)
+  def estimate(sample_every, iterations, seed: 0x5eed + sample_every, **options)
     # The countdown sampler's estimator (the windowed one has its own examples in
     # windowed_sampler_spec.rb), also where sample_every alone would choose the windowed one.
     rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: sample_every, max_overhead: nil, **options)
-    DatadogHeap::Testing._native_set_seed(rec, 0x5eed + sample_every)
+    DatadogHeap::Testing._native_set_seed(rec, seed)
     rec.start
     keep = workload(iterations)
     rec.stop
@@ -54,15 +54,21 @@ RSpec.describe "countdown estimates", :heavy do
   end
 
   it "thins and reweights at max_tracked_objects instead of dropping, and says so in the profile" do
-    kept, estimated, stats, rec = estimate(1, 100_000, max_tracked_objects: 5_000)
-    thinning = stats[:thinning]
-    expect(thinning).to be >= 4
-    expect(stats[:lifetime_thinnings]).to be >= 2
-    # Each live object kept with probability 1/thinning at weight thinning (or less, if recorded
-    # before the last thinning): sigma at most sqrt(kept * (thinning - 1)).
+    # Four runs (seeds), their mean against the truth. Each live object is kept with probability
+    # 1/thinning at weight thinning (or less, if recorded before the last thinning), which gives a
+    # sigma of sqrt(kept * (thinning - 1)) a run; measured, runs spread about twice that (16 runs,
+    # 2026-12-04: 0.85 to 1.11 of the truth, mean 1.03), and one seed alone moved from inside 3
+    # sigma to 4.6 when the allocations before `start` changed. The mean of four has that sigma,
+    # doubled and halved; 3 of it bound the mean.
+    runs = Array.new(4) { |i| estimate(1, 100_000, seed: 0x5eed + 1 + i, max_tracked_objects: 5_000) }
+    kept, _, stats, rec = runs.last
+    estimated = runs.sum { |r| r[1] }.fdiv(runs.size)
+    thinning = runs.map { |r| r[2][:thinning] }.max
+    expect(runs.map { |r| r[2][:thinning] }).to all(be >= 4)
+    expect(runs.map { |r| r[2][:lifetime_thinnings] }).to all(be >= 2)
     sigma = Math.sqrt(kept * (thinning - 1))
     expect((estimated - kept).abs).to be <= 3 * sigma,
-      "kept #{kept}, estimated #{estimated}, thinning #{thinning}, sigma #{sigma.round}; #{stats.inspect}"
+      "kept #{kept}, estimates #{runs.map { |r| r[1] }}, thinning #{thinning}, sigma #{sigma.round}; #{stats.inspect}"
     profile = DatadogHeap::Profile.parse(rec.profile)
     expect(profile.comments).to include(a_string_matching(/max_tracked_objects \(5000\) was neared, so records were thinned \d+ times/))
     out = StringIO.new
