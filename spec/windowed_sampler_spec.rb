@@ -205,11 +205,12 @@ RSpec.describe "windowed sampler" do
     end
     fast, slow, shared, lost = runs.transpose
     # Six runs: the mean's deviation is about 0.004 for the Arrays (0.012 without the sharing),
-    # 0.016 for the Strings, alone. Inside the full suite on a loaded 2-core machine the Arrays'
-    # mean once came to 0.966 (runs 0.940 to 0.983; about 1 suite run in 16): the sharing's rate
-    # model sees a scheduler that delays the window timer, so the bound there is 0.045. Crediting
-    # each gap to the window after it (the defect this guards) gave 0.949 every run.
-    expect(fast.sum / fast.size).to be_within(0.045).of(1.0), "Arrays: #{fast.map { |r| r.round(3) }}"
+    # 0.016 for the Strings, alone. But a run the scheduler delayed the window timer in reads low
+    # (0.813 once on Ruby 3.4 in a chroot, the other five 0.937 to 0.998; a full-suite mean of
+    # 0.966 on a loaded machine), so the Arrays' median is bounded: crediting each gap to the
+    # window after it (the defect this guards) gave 0.949 averaged over twelve runs, 0.889 to 0.992.
+    median = fast.sort[fast.size / 2 - 1, 2].sum / 2
+    expect(median).to be_within(0.03).of(1.0), "Arrays: #{fast.map { |r| r.round(3) }}"
     expect(slow.sum / slow.size).to be_within(0.08).of(1.0), "Strings: #{slow.map { |r| r.round(3) }}"
     expect(shared).to all(be >= 1)
     expect(lost).to all(eq 0)
