@@ -22,13 +22,6 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
   end
 
   # The same, in this process (faster, for the output checks).
-  def cli_in_process(*args)
-    out = StringIO.new
-    err = StringIO.new
-    code = DatadogHeap::CLI.new(out: out, err: err).run(args)
-    [out.string, err.string, code]
-  end
-
   # The data rows of a table (the lines after its header).
   def rows(out, header)
     lines = out.lines.map(&:chomp)

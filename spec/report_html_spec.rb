@@ -28,13 +28,6 @@ RSpec.describe "datadog-heap report --html" do
 
   after { FileUtils.remove_entry(dir) }
 
-  def cli(*args)
-    out = StringIO.new
-    err = StringIO.new
-    code = DatadogHeap::CLI.new(out: out, err: err).run(args)
-    [out.string, err.string, code]
-  end
-
   def profile_file(name, objects, **opts)
     keep.concat(objects)
     write_fixture(recorder_with(objects, **opts), dir, name)
@@ -58,7 +51,7 @@ RSpec.describe "datadog-heap report --html" do
 
   it "writes one self-contained page: facts, notes, flame graph, top sites with ± and samples, top classes" do
     path = profile_file("heap-4242-1.pb.gz", mixed_objects)
-    page, err, code = cli("report", path, "--html", "--app-root", "/app")
+    page, err, code = cli_in_process("report", path, "--html", "--app-root", "/app")
     expect([err, code]).to eq(["", 0])
     expect(page).to start_with("<!DOCTYPE html>").and end_with("</html>\n")
     # Nothing to run, nothing to fetch: the only URL is SVG's namespace.
@@ -103,7 +96,7 @@ RSpec.describe "datadog-heap report --html" do
   it "marks rough rows, and ranks by objects when the profile has no sizes" do
     path = profile_file("heap.pb.gz", objects_at(ProfileFixtures::BUFFER_SITE, 2, weight: 300, class_name: "Chunk") +
       objects_at(ProfileFixtures::CACHE_SITE, 40), size_enabled: false)
-    page, err, code = cli("report", path, "--html", "--app-root", "/app")
+    page, err, code = cli_in_process("report", path, "--html", "--app-root", "/app")
     expect([err, code]).to eq(["", 0])
     expect(section(page, "flame")).to include("<h2>Live objects by stack</h2>", "600 objects, 93.8% of live objects")
     sites = section(page, "sites")
@@ -113,17 +106,17 @@ RSpec.describe "datadog-heap report --html" do
   it "writes to --out, and refuses what does not make sense" do
     path = profile_file("heap.pb.gz", mixed_objects)
     html = File.join(dir, "report.html")
-    out, err, code = cli("report", path, "--html", "--out", html)
+    out, err, code = cli_in_process("report", path, "--html", "--out", html)
     expect([out, err, code]).to eq(["wrote #{html}\n", "", 0])
     expect(File.read(html)).to include('<svg class="flame"')
     {["--out", html] => "--out PATH writes the HTML page: it needs --html",
      ["--html", "--why"] => "--why is for the text report",
      ["--html", "--out", ""] => "--out must not be empty"}.each do |args, message|
-      out, err, code = cli("report", path, *args)
+      out, err, code = cli_in_process("report", path, *args)
       expect([out, code]).to eq(["", 2]), args.join(" ")
       expect(err).to include(message)
     end
-    expect(cli("report", "--help")[0]).to include("--html", "--out PATH", "--wide")
+    expect(cli_in_process("report", "--help")[0]).to include("--html", "--out PATH", "--wide")
   end
 
   it "shows the latest of several profiles and the trend charts of all of them below its flame graph" do
@@ -133,7 +126,7 @@ RSpec.describe "datadog-heap report --html" do
       sleep 0.01
       profile_file("heap-77-#{i}.pb.gz", grow + strings_at(ProfileFixtures::BUFFER_SITE, 50, weight: 4), sample_every: 4)
     end
-    page, err, code = cli("report", *paths.reverse, "--html", "--app-root", "/app")
+    page, err, code = cli_in_process("report", *paths.reverse, "--html", "--app-root", "/app")
     expect([err, code]).to eq(["", 0])
     expect(section(page, "profile")).to include("3 profiles; the flame graph and tables are of the latest, #{paths.last}")
     expect(page.index('<section id="trend">')).to be > page.index('<section id="flame">')
@@ -143,7 +136,7 @@ RSpec.describe "datadog-heap report --html" do
     expect(trend).to include('<h3 title="/app/leaky_cache.rb:17 in LeakyCache#remember">leaky_cache.rb:17 in LeakyCache#remember')
 
     # Profiles that cannot make a trend (the same time) still give the page, saying why.
-    page, err, code = cli("report", paths.first, paths.first, "--html")
+    page, err, code = cli_in_process("report", paths.first, paths.first, "--html")
     expect([err, code]).to eq(["", 0])
     expect(section(page, "trend")).to include("No trend over these 2 profiles:", "same time")
   end
@@ -215,7 +208,7 @@ RSpec.describe "datadog-heap report --html" do
       expect(DatadogHeap::Profile.load(path).comments).to include("note #{name}")
 
       # One profile; and two, whose trend charts name the site too.
-      pages = [cli("report", path, "--html", "--app-root", "/app")[0], cli("report", earlier, path, "--html", "--wide")[0]]
+      pages = [cli_in_process("report", path, "--html", "--app-root", "/app")[0], cli_in_process("report", earlier, path, "--html", "--wide")[0]]
       expect(section(pages[1], "trend")).to include('<svg class="trend"', "Evil&lt;script&gt;")
       pages.each do |page|
         expect(page).to include("</html>")
@@ -287,7 +280,7 @@ RSpec.describe "datadog-heap report --html" do
     GC.start
     path = recorder.write_profile(File.join(dir, "heap-#{Process.pid}-1.pb.gz"))
     html = File.join(dir, "report.html")
-    expect(cli("report", path, "--html", "--out", html)[2]).to eq(0)
+    expect(cli_in_process("report", path, "--html", "--out", html)[2]).to eq(0)
     expect(kept.size).to eq(3)
 
     FileUtils.mkdir_p(File.dirname(REPORT_HTML_SCREENSHOT))

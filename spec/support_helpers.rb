@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require "stringio"
+
 # Helpers shared by the recorder specs.
 module RecorderHelpers
   # What GC_STRESS asks GC.stress to be (see spec_helper.rb), or nil.
@@ -29,6 +31,14 @@ module RecorderHelpers
   LOCATIONS = [["Widget#build", "/app/widget.rb", 12], ["<main>", "/app/main.rb", 1]].freeze
 
   # A recorder whose recordings wait for an explicit commit, so specs decide when commits happen.
+  # Runs `datadog-heap ARGS` in this process: [stdout, stderr, exit code].
+  def cli_in_process(*args)
+    out = StringIO.new
+    err = StringIO.new
+    code = DatadogHeap::CLI.new(out: out, err: err).run(args)
+    [out.string, err.string, code]
+  end
+
   def manual_recorder(**opts)
     DatadogHeap::Recorder.new(**opts).tap do |rec|
       DatadogHeap::Testing._native_set_postponed_commits(rec, false)

@@ -24,18 +24,11 @@ RSpec.describe "datadog-heap trend --html" do
     end
   end
 
-  def cli(*args)
-    out = StringIO.new
-    err = StringIO.new
-    code = DatadogHeap::CLI.new(out: out, err: err).run(args)
-    [out.string, err.string, code]
-  end
-
   it "prints the growing site first with its slope, and writes a self-contained page" do
     Dir.mktmpdir do |dir|
       paths = write_series(dir)
       html = File.join(dir, "trend.html")
-      out, err, code = cli("trend", *paths, "--all", "--app-root", "/app", "--html", html)
+      out, err, code = cli_in_process("trend", *paths, "--all", "--app-root", "/app", "--html", html)
       expect([code, err]).to eq([0, ""])
       lines = out.lines
       expect(lines[0]).to start_with("3 profiles over ").and include("2 sites, 1 growing, 0 shrinking, 1 steady")
@@ -54,12 +47,12 @@ RSpec.describe "datadog-heap trend --html" do
   end
 
   it "explains what it needs" do
-    out, err, code = cli("trend", "only-one.pb.gz")
+    out, err, code = cli_in_process("trend", "only-one.pb.gz")
     expect(code).to eq(2)
     expect(out).to eq("")
     expect(err).to include("trend needs at least 2 profiles, got 1")
-    expect(cli("trend", "--help")[0]).to include("--html OUT", "--all", "--group KIND")
-    expect(cli("trend", "a", "b", "--html", "")[1]).to include("--html must not be empty")
+    expect(cli_in_process("trend", "--help")[0]).to include("--html OUT", "--all", "--group KIND")
+    expect(cli_in_process("trend", "a", "b", "--html", "")[1]).to include("--html must not be empty")
   end
 
   it "renders in headless chromium without console errors (screenshot in tmp/)" do
@@ -67,7 +60,7 @@ RSpec.describe "datadog-heap trend --html" do
 
     Dir.mktmpdir do |dir|
       html = File.join(dir, "trend.html")
-      expect(cli("trend", *write_series(dir), "--app-root", "/app", "--html", html)[2]).to eq(0)
+      expect(cli_in_process("trend", *write_series(dir), "--app-root", "/app", "--html", html)[2]).to eq(0)
       FileUtils.mkdir_p(File.dirname(TREND_HTML_SCREENSHOT))
       FileUtils.rm_f(TREND_HTML_SCREENSHOT)
       browser = [RecorderHelpers::CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--user-data-dir=#{dir}/chromium",

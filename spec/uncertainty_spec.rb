@@ -30,13 +30,6 @@ RSpec.describe "sampling uncertainty" do
     DatadogHeap::Profile.load(write_fixture(recorder_with(objects, **opts), dir, name))
   end
 
-  def cli(*args)
-    out = StringIO.new
-    err = StringIO.new
-    code = DatadogHeap::CLI.new(out: out, err: err).run(args)
-    [out.string, err.string, code]
-  end
-
   def table_rows(out, header)
     lines = out.lines.map(&:chomp)
     start = lines.index { |l| l.lstrip.start_with?(header) }
@@ -85,7 +78,7 @@ RSpec.describe "sampling uncertainty" do
   describe "datadog-heap report" do
     it "shows samples and ± per row, and marks the rows resting on fewer than 5 samples" do
       path = profile_of(heavy + objects_at(ProfileFixtures::BUFFER_SITE, 40, weight: 2, class_name: "Chunk")).path
-      out, err, code = cli("report", path, "--app-root", "/app")
+      out, err, code = cli_in_process("report", path, "--app-root", "/app")
       expect([err, code]).to eq(["", 0])
       expect(out).to match(/^ *live bytes +± +live objects +samples +share +class/)
       rows = table_rows(out, "live bytes")
@@ -101,7 +94,7 @@ RSpec.describe "sampling uncertainty" do
       keep.concat(heavy)
       path = File.join(dir, "old.pb.gz")
       File.binwrite(path, DatadogHeap::Testing._native_profile_without_uncertainty(recorder_with(keep)))
-      out, err, code = cli("report", path)
+      out, err, code = cli_in_process("report", path)
       expect([err, code]).to eq(["", 0])
       expect(table_rows(out, "live bytes")[0]).to match(/\A *[\d.]+ MiB +n\/a +14824 +n\/a +100\.0% +Hash/)
       expect(out).to include("this profile does not say how many samples")
@@ -113,7 +106,7 @@ RSpec.describe "sampling uncertainty" do
     it "says per row whether the change exceeds its own noise (2 standard deviations)" do
       old = profile_of(heavy(2, weight: 500) + objects_at(ProfileFixtures::BUFFER_SITE, 40, weight: 2), "old.pb.gz")
       new = profile_of(heavy(3, weight: 500) + objects_at(ProfileFixtures::BUFFER_SITE, 200, weight: 2), "new.pb.gz")
-      out, err, code = cli("diff", old.path, new.path, "--app-root", "/app")
+      out, err, code = cli_in_process("diff", old.path, new.path, "--app-root", "/app")
       expect([err, code]).to eq(["", 0])
       expect(out).to include("2 of 2 sites grew, 1 beyond their noise (|growth| > 2 sd):")
       rows = table_rows(out, "growth")
@@ -133,7 +126,7 @@ RSpec.describe "sampling uncertainty" do
         sleep 0.01
         profile_of(objects + objects_at(ProfileFixtures::BUFFER_SITE, 40, weight: 2), "heap-#{i}.pb.gz", sample_every: 4096).path
       end
-      out, err, code = cli("trend", *paths, "--app-root", "/app")
+      out, err, code = cli_in_process("trend", *paths, "--app-root", "/app")
       expect([err, code]).to eq(["", 0])
       expect(out).to include("0 growing")
       expect(out).to match(/No site is growing: 1 site rose but rests on fewer than 5 samples/m)
@@ -147,7 +140,7 @@ RSpec.describe "sampling uncertainty" do
         sleep 0.01
         profile_of(objects, "heap-#{i}.pb.gz", sample_every: 4).path
       end
-      out, err, code = cli("trend", *paths)
+      out, err, code = cli_in_process("trend", *paths)
       expect([err, code]).to eq(["", 0])
       expect(out).to include("skipped the first 2 profiles: no live samples yet")
       expect(table_rows(out, "verdict")[0]).to match(/\Agrowing .* 6 -> 18 /)

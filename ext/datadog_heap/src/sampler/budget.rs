@@ -128,12 +128,7 @@ impl Budget {
     /// and only under a budget (no system call otherwise).
     #[inline]
     pub fn start(&self) -> Stretch {
-        let mut x = self.draws.get();
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.draws.set(x);
-        match self.active() && x % TIME_ONE_IN == 0 {
+        match self.active() && self.draw() % TIME_ONE_IN == 0 {
             true => Stretch {
                 started_ns: thread_cpu_ns(),
                 stands_for: TIME_ONE_IN,
@@ -143,6 +138,16 @@ impl Budget {
                 stands_for: 0,
             },
         }
+    }
+
+    /// The next draw of which stretches are timed (xorshift64; only drawn under a budget).
+    fn draw(&self) -> u64 {
+        let mut x = self.draws.get();
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.draws.set(x);
+        x
     }
 
     /// Starts a rare stretch (a young update): always timed under a budget.
