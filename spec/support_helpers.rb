@@ -10,7 +10,7 @@ module RecorderHelpers
   # Once-per-process warnings whose presence depends on the Ruby or on the machine's load, not on
   # what a spec checks: the Ruby 3.1.2 compaction warning, and the overhead budget's note (the
   # default interval raised on a busy machine). Specs of a child's stderr drop these lines.
-  INCIDENTAL_WARNINGS = /bug #19529|\Adatadog_heap: asked (the default )?1 in \d+ allocations/
+  INCIDENTAL_WARNINGS = /bug #19529|\Adatadog_heap: asked 1 in \d+ allocations/
 
   # A headless-capable Chromium on PATH (Debian's chromium; bin/setup --dev installs it), or nil:
   # the HTML specs render their pages in it.

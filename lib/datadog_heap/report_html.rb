@@ -16,8 +16,7 @@ module DatadogHeap
   module ReportHtml
     extend HtmlText
 
-    BUDGET_NOTE = /asked (?:the default )?1 in (\d+) allocations(?: \(1 in \d+ when there is room\))?, sampled 1 in (\d+) \(up to 1 in (\d+)\)/
-    DENSITY_NOTE = /default interval 1 in (\d+) allocations, sampled 1 in (\d+) \(down to 1 in (\d+)\)/
+    BUDGET_NOTE = /asked 1 in (\d+) allocations, sampled 1 in (\d+) \(up to 1 in (\d+)\)/
     PID_IN_NAME = /\A(?:heap-(?:rss-)?(\d+)-\d+\.pb(?:\.gz)?|heap of pid (\d+))\z/
 
     CSS = <<~CSS
@@ -158,11 +157,8 @@ module DatadogHeap
       unit = profile.period_type ? profile.period_type[0] : "events"
       used = profile.period == 1 ? "used 1 in 1 #{unit} (every one)" : "used 1 in #{profile.period} #{unit}"
       budget = profile.comments.lazy.map { |c| BUDGET_NOTE.match(c) }.find(&:itself)
-      denser = profile.comments.lazy.map { |c| DENSITY_NOTE.match(c) }.find(&:itself)
       if budget
         "#{used}; asked 1 in #{budget[1]}: the overhead budget raised it (to 1 in #{budget[2]}, up to 1 in #{budget[3]}; see the notes)"
-      elsif denser
-        "#{used}; the default 1 in #{denser[1]}: the overhead budget sampled more densely, having room (to 1 in #{denser[2]}, down to 1 in #{denser[3]}; see the notes)"
       else
         "#{used}; asked the same (no overhead-budget note)"
       end

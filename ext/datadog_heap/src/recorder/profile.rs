@@ -58,10 +58,7 @@ pub(crate) fn encode(
 ) -> Result<EncodedPprof, Error> {
     with_session(ruby, rb_self, |session| {
         let mut snapshot = session.with_vm(ruby, |vm| session.core.prepare_iteration(vm))?;
-        for note in [session.budget_note(), session.density_note()]
-            .into_iter()
-            .flatten()
-        {
+        if let Some(note) = session.budget_note() {
             snapshot.add_note(note);
         }
         snapshot.add_note(match session.take_full_gc_before_profile() {

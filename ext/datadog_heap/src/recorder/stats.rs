@@ -80,10 +80,6 @@ pub(super) fn stats_hash(ruby: &Ruby, session: &Session) -> Result<RHash, Error>
         budget.last_overhead.get(),
     )?;
     hash.aset(ruby.to_symbol("sampler_budget_note"), session.budget_note())?;
-    hash.aset(
-        ruby.to_symbol("sampler_density_note"),
-        session.density_note(),
-    )?;
     hash.aset(ruby.to_symbol("running"), session.is_running())?;
     hash.aset(ruby.to_symbol("disabled_reason"), session.disabled_reason())?;
     Ok(hash)

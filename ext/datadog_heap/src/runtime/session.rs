@@ -217,38 +217,11 @@ impl Session {
         let asked = self.config.sample_every;
         let now = self.sampler.effective(self.config).sample_every;
         let most = (asked as f64 * budget.max_scale.get()).round() as u64;
-        // With the default interval the budget may also go below it; say so, so "now" reads right.
-        let densest = self.sampler.densest(self.config);
-        let asked = match densest < asked {
-            true => {
-                format!("the default 1 in {asked} allocations (1 in {densest} when there is room)")
-            }
-            false => format!("1 in {asked} allocations"),
-        };
         Some(format!(
-            "datadog_heap: asked {asked}, sampled 1 in {now} (up to 1 in {most}) to \
+            "datadog_heap: asked 1 in {asked} allocations, sampled 1 in {now} (up to 1 in {most}) to \
              stay under {}% of CPU (max_overhead: {}); fewer samples, so rougher estimates. Pass \
              max_overhead: nil to keep the interval asked, or a larger max_overhead",
             budget.max_overhead() * 100.0,
-            budget.max_overhead()
-        ))
-    }
-
-    /// What the overhead budget did below the gem's default interval, when it went below it (the
-    /// profile's notes and the report's header: its period is then not the default). `None`
-    /// when it never did.
-    pub fn density_note(&self) -> Option<String> {
-        let budget = &self.sampler.budget;
-        if budget.least_scale.get() >= 1.0 || budget.max_overhead() <= 0.0 {
-            return None;
-        }
-        let default = self.config.sample_every;
-        let now = self.sampler.effective(self.config).sample_every;
-        let least = (default as f64 * budget.least_scale.get()).round() as u64;
-        Some(format!(
-            "datadog_heap: default interval 1 in {default} allocations, sampled 1 in {now} (down to \
-             1 in {least}): the overhead budget samples more densely while its share leaves room \
-             (max_overhead: {})",
             budget.max_overhead()
         ))
     }
