@@ -39,45 +39,6 @@ RSpec.describe "overhead budget" do
     expect(stats).to include(sampler_effective_sample_every: 100, sampler_overhead_ns_total: 0, sampler_budget_raises: 0)
   end
 
-  # With room to spare (samples charged at a 4000th of the program's CPU per allocation), the
-  # default interval goes down to Recorder::BUDGET_DENSEST and no further, saying where it is in
-  # stats and raising no note (nothing asked was changed); an interval given stays as given.
-  it "samples the default interval more densely when there is room, down to BUDGET_DENSEST only" do
-    result = in_child(120) do
-      shrink = RecorderHelpers::GC_STRESSED ? 20 : 1
-      run = lambda do |**options|
-        rec = DatadogHeap::Recorder.new(**options)
-        DatadogHeap::Testing._native_set_seed(rec, 7)
-        DatadogHeap::Testing._native_set_cost_model(rec, 1_000.0 * shrink, 1_000 * shrink)
-        rec.start
-        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 20
-        keep = []
-        # Until a few hundred samples in (the windows come from a timer, so time matters too).
-        while rec.stats[:sampler_samples_taken] < 300 / shrink && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
-          keep = Array.new(20_000 / shrink) { +"" }
-        end
-        keep.clear
-        rec.stop
-        rec.stats.slice(:sampler_effective_sample_every, :sampler_min_sample_every, :sampler_densest_sample_every,
-          :sampler_budget_lowers, :sampler_budget_note, :sampler_asked_sample_every)
-      end
-      {default: run.call, given: run.call(sample_every: 4096, max_overhead: 0.01)}
-    end
-    densest = DatadogHeap::Recorder::BUDGET_DENSEST
-    expect(result[:default]).to include(sampler_asked_sample_every: 4096, sampler_densest_sample_every: densest,
-      sampler_min_sample_every: densest, sampler_effective_sample_every: densest, sampler_budget_note: nil)
-    expect(result[:default][:sampler_budget_lowers]).to be >= 1
-    expect(result[:given]).to include(sampler_densest_sample_every: 4096, sampler_min_sample_every: 4096,
-      sampler_effective_sample_every: 4096, sampler_budget_lowers: 0, sampler_budget_note: nil)
-  end
-
-  it "leaves the interval as asked, and the countdown sampler's default, never denser" do
-    expect(DatadogHeap::Recorder.new(sample_every: 4096).stats).to include(sampler_densest_sample_every: 4096)
-    expect(DatadogHeap::Recorder.new(sampler: :countdown).stats).to include(sampler_densest_sample_every: 1024)
-    expect(DatadogHeap::Recorder.new(max_overhead: nil).stats).to include(sampler_densest_sample_every: 4096)
-    expect(DatadogHeap::Recorder.new.stats).to include(sampler_densest_sample_every: DatadogHeap::Recorder::BUDGET_DENSEST)
-  end
-
   it "stays within budget when the program allocates 10x faster mid-run, and keeps estimates unbiased" do
     result = in_child(120) do
       # Under GC stress a tenth of the allocations, each charged ten times the CPU time, and

@@ -27,10 +27,7 @@ module DatadogHeap
   #   sampler's own work (sampled hook calls, commits, young updates) may take (0 < share <= 1;
   #   nil: no budget). Default: 0.01 (1%) when sample_every is the gem's own default; none when
   #   sample_every is given, so an interval asked for is the interval used. Over it, the sampler
-  #   raises its mean interval above sample_every; it lowers it back when there is room, and
-  #   with the default interval of the windowed sampler (which nobody asked for) it goes on down
-  #   to BUDGET_DENSEST (1 in 1024) while there is room, so a program whose samples are cheap
-  #   gets up to four times the samples; stats[:sampler_effective_sample_every] says where it is. Each
+  #   raises its mean interval above sample_every; it lowers it back when there is room. Each
   #   sample weighs the interval in force when it was taken, so estimates stay unbiased. When it
   #   raised the interval, the gem says so: one warning per process, stats[:sampler_budget_note],
   #   and a note in every profile (which `datadog-heap report` prints under its header). See
@@ -55,10 +52,6 @@ module DatadogHeap
     # more than the defaults may (2026-12-04, docs/performance.md: BasicObject.new 0.92x, mixed
     # +3.2%, the Rails service +3.1% against an A/A of -0.1%), so it stays at 4096.
     SAMPLE_EVERY = {countdown: 1024, windowed: 4096}.freeze
-    # With the windowed sampler's default interval and a budget, the budget samples more densely
-    # than SAMPLE_EVERY while its measured share leaves room, down to 1 in this many (four times
-    # the samples; docs/samplers.md, "The overhead budget"). An interval given is never gone below.
-    BUDGET_DENSEST = 1024
     # The smallest sample_every for which sampler: defaults to :windowed (see the options above).
     WINDOWED_FROM = 1024
     DEFAULTS = {sample_every: nil, sample_rate: 1, size_enabled: true, max_frames: 400,
@@ -88,9 +81,8 @@ module DatadogHeap
         with_preset = options[:preset] ? " (with preset: :#{options[:preset]}, which sets sampler: :countdown)" : ""
         raise ArgumentError, "windows_per_second applies to sampler: :windowed only, got sampler: :countdown#{with_preset}"
       end
-      densest = BUDGET_DENSEST if rate && options[:max_overhead] && NilClass === given[:sample_every]
       recorder = _native_new(self, *options.values_at(:sample_every, :sample_rate, :size_enabled, :max_frames, :max_tracked_objects), rate,
-        options[:max_overhead]&.to_f, densest)
+        options[:max_overhead]&.to_f)
       # Nothing allocated here without rss_limit or a preset (Recorder.new runs in loops under
       # GC.stress).
       recorder.send(:setup_rss, options.slice(*RSS_OPTIONS)) if options[:rss_limit]

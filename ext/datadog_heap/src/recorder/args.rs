@@ -24,18 +24,6 @@ pub fn integer(ruby: &Ruby, name: &str, value: Value) -> Result<i64, Error> {
         .map_err(|_| arg_error(ruby, format!("{name} is out of range: {}", value.inspect())))
 }
 
-/// The densest mean interval the budget may sample the default interval at: from 1 up to
-/// `sample_every` itself.
-pub fn densest(ruby: &Ruby, densest: u64, sample_every: u64) -> Result<u64, Error> {
-    match (1..=sample_every).contains(&densest) {
-        true => Ok(densest),
-        false => Err(arg_error(
-            ruby,
-            format!("densest must be between 1 and sample_every ({sample_every}), got {densest}"),
-        )),
-    }
-}
-
 /// A positive count that fits in 32 bits.
 pub fn positive_u32(ruby: &Ruby, name: &str, value: u64) -> Result<u32, Error> {
     if value == 0 {

@@ -8,7 +8,7 @@ use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use datadog_heap_core::{CommitOutcome, HeapRecorder, RecorderOptions, UpdateKind};
+use datadog_heap_core::{HeapRecorder, RecorderOptions, UpdateKind};
 use magnus::{rb_sys::FromRawValue, Error, Ruby, Value};
 use rb_sys::VALUE;
 
@@ -210,8 +210,7 @@ impl Session {
     /// never did (or there is no budget).
     pub fn budget_note(&self) -> Option<String> {
         let budget = &self.sampler.budget;
-        // Raised above the interval asked, not merely back up from a denser default one.
-        if budget.max_scale.get() <= 1.0 || budget.max_overhead() <= 0.0 {
+        if budget.raises.get() == 0 || budget.max_overhead() <= 0.0 {
             return None;
         }
         let asked = self.config.sample_every;
@@ -289,10 +288,8 @@ impl Session {
     /// Its time counts against the overhead budget, which may then rescale the interval.
     pub fn commit_from_job(&self, ruby: &Ruby) {
         self.own_work(false, || {
-            match self.with_vm(ruby, |vm| self.core.commit(vm)) {
-                Ok(CommitOutcome::Committed(n)) => self.sampler.budget.charge_commits(n),
-                Ok(CommitOutcome::SkippedLocked) => {}
-                Err(e) => self.keep_job_error(e),
+            if let Err(e) = self.with_vm(ruby, |vm| self.core.commit(vm)) {
+                self.keep_job_error(e);
             }
         });
         (self.sampler.budget).maybe_adjust(super::busy::program_allocations);

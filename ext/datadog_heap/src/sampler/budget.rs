@@ -1,21 +1,8 @@
 //! The overhead budget (`max_overhead:`): the sampler measures the time of its own work (the
 //! sampled path of the hook, the commit job, young updates), compares it with the CPU time the
 //! process used over the same period, and scales its mean interval so that the first stays under
-//! `max_overhead` of the second: up when over budget, back down when there is room, to the
-//! configured `sample_every`, or (the gem's default interval, see `set_min_scale`) below it, down
-//! to the densest interval the defaults allow.
-//!
-//! Besides the stretches it times, it charges what we make the VM do that no clock of ours sees:
-//! every allocation inside a window takes the slow path and calls the hook (`charge_window`, at
-//! an estimated [`WINDOW_NS_PER_ALLOCATION`] each), and before Ruby 3.3 each object entered in the
-//! WeakMap gets a finalizer, which runs when the object dies (`charge_commits`, at an estimated
-//! [`WEAK_MAP_DEATH_NS`] each).
-//!
-//! It charges only what grows with the samples, the one thing its lever (the interval) moves.
-//! The windowed sampler's windows themselves (the timer, the job that opens one, the hook's
-//! installation and removal: 21-34 µs each in bench/window_cost.rb) come at `windows_per_second`
-//! whatever the interval, so charging them would only push the interval up for nothing; they are
-//! a fixed cost, documented in docs/performance.md.
+//! `max_overhead` of the second: up when over budget, back down (to the configured
+//! `sample_every`, never below) when there is room.
 //!
 //! Weights stay unbiased: each sample weighs the interval its countdown was drawn with, drawn
 //! from the mean in force at the time (windowed: the window covering its share of the gap before
@@ -54,23 +41,6 @@ const MAX_SCALE: f64 = 1_048_576.0;
 /// The frequent stretches are timed one in this many (see the module docs).
 pub const TIME_ONE_IN: u64 = 16;
 
-/// What the VM does for us that no clock of ours times, from `bench/window_cost.rb` (medians of
-/// 7 alternating runs, 2026-12-05, the 2-core x86_64 VM of docs/performance.md). Estimates, not
-/// measurements of the running program: a faster machine pays less, a slower one more.
-///
-/// An allocation inside a window, beyond one outside: the slow path, the hook's dispatch and its
-/// tick. Measured 29-32 ns on Ruby 3.1, 27-31 ns on 3.3, 33-37 ns on 3.4.
-pub const WINDOW_NS_PER_ALLOCATION: u64 = 32;
-
-/// An entry in the WeakMap, beyond the `WeakMap#[]=` the commit times: before Ruby 3.3 the map
-/// defines a finalizer on the object, which runs when it dies (and keeps it one more GC as a
-/// zombie): 2.7-5.0 µs an entry in all, of which the call 0.7. From 3.3 on the map holds its
-/// entries weakly, without finalizers (0.9 µs in all on 3.3, 0.1 on 3.4, the call included).
-#[cfg(not(ruby_gte_3_3))]
-pub const WEAK_MAP_DEATH_NS: u64 = 3_000;
-#[cfg(ruby_gte_3_3)]
-pub const WEAK_MAP_DEATH_NS: u64 = 0;
-
 /// A stretch of our work being timed: when it started and how many stretches it stands for
 /// (0: not timed).
 #[derive(Clone, Copy)]
@@ -94,10 +64,8 @@ pub enum CostClock {
 pub struct Budget {
     /// Largest share of the process's CPU time our own work may take; 0: no budget.
     max_overhead: Cell<f64>,
-    /// The mean interval is `sample_every * scale`, `scale` >= `min_scale`.
+    /// The mean interval is `sample_every * scale` (>= 1).
     scale: Cell<f64>,
-    /// The smallest scale: 1 (never denser than asked), or below 1 for the default interval.
-    min_scale: Cell<f64>,
     clock: Cell<CostClock>,
     /// This period: our time so far, its start (wall, process CPU), and (model) the program's
     /// allocation count at the last CPU reading.
@@ -111,9 +79,8 @@ pub struct Budget {
     pub measured_cpu_ns: Cell<u64>,
     pub raises: Cell<u64>,
     pub lowers: Cell<u64>,
-    /// The largest and the smallest scale it reached.
+    /// The largest scale it reached.
     pub max_scale: Cell<f64>,
-    pub least_scale: Cell<f64>,
     /// The draw of which stretches are timed (xorshift64).
     draws: Cell<u64>,
     /// The last period's overhead (our time over the process's CPU time).
@@ -125,7 +92,6 @@ impl Budget {
         Budget {
             max_overhead: Cell::new(max_overhead),
             scale: Cell::new(1.0),
-            min_scale: Cell::new(1.0),
             clock: Cell::new(CostClock::Real),
             spent_ns: Cell::new(0),
             started_wall_ns: Cell::new(0),
@@ -137,7 +103,6 @@ impl Budget {
             raises: Cell::new(0),
             lowers: Cell::new(0),
             max_scale: Cell::new(1.0),
-            least_scale: Cell::new(1.0),
             last_overhead: Cell::new(0.0),
             draws: Cell::new(0x9e37_79b9_7f4a_7c15),
         }
@@ -146,23 +111,6 @@ impl Budget {
     /// Sets the limit (at session creation, before anything samples).
     pub fn set_max_overhead(&self, max_overhead: f64) {
         self.max_overhead.set(max_overhead);
-    }
-
-    /// Lets the scale come down to `min_scale` (at most 1) when there is room: set at session
-    /// creation for the gem's default interval only, which nobody asked for, so sampling it more
-    /// densely when the work is cheap is no number other than asked (an interval given is never
-    /// gone below). Sampling starts at scale 1 either way.
-    pub fn set_min_scale(&self, min_scale: f64) {
-        let min_scale = match min_scale.is_finite() && min_scale > 0.0 {
-            true => min_scale.min(1.0),
-            false => 1.0,
-        };
-        self.min_scale.set(min_scale);
-    }
-
-    /// The smallest scale (see `set_min_scale`).
-    pub fn min_scale(&self) -> f64 {
-        self.min_scale.get()
     }
 
     /// The limit: the largest share of the process's CPU time our work may take (0: none).
@@ -241,23 +189,6 @@ impl Budget {
         self.add(ns);
     }
 
-    /// A window over `allocations` of the program's allocations opened: each will take the slow
-    /// path and the hook (see [`WINDOW_NS_PER_ALLOCATION`]). Nothing without a budget, or under
-    /// the test model (which charges per sample only).
-    pub fn charge_window(&self, allocations: u64) {
-        if self.active() {
-            self.charge(allocations.saturating_mul(WINDOW_NS_PER_ALLOCATION));
-        }
-    }
-
-    /// `committed` objects entered the WeakMap (see [`WEAK_MAP_DEATH_NS`]). Nothing without a
-    /// budget, or under the test model.
-    pub fn charge_commits(&self, committed: usize) {
-        if self.active() {
-            self.charge((committed as u64).saturating_mul(WEAK_MAP_DEATH_NS));
-        }
-    }
-
     /// One sample was taken (the model's unit of cost).
     #[inline]
     pub fn charge_sample(&self) {
@@ -325,14 +256,13 @@ impl Budget {
         let wanted = scale * overhead / (limit * TARGET_UTILISATION);
         let next = if overhead > limit {
             wanted.min(scale * MAX_STEP)
-        } else if wanted < scale / HYSTERESIS && scale > self.min_scale.get() {
-            // Room: come back down, not below what was asked for (or, for the default interval,
-            // the densest the defaults allow).
+        } else if wanted < scale / HYSTERESIS && scale > 1.0 {
+            // Room: come back down, not below what was asked for.
             wanted.max(scale / MAX_STEP)
         } else {
             return None;
         };
-        let next = next.clamp(self.min_scale.get(), MAX_SCALE);
+        let next = next.clamp(1.0, MAX_SCALE);
         if next == scale {
             return None;
         }
@@ -341,7 +271,6 @@ impl Budget {
             self.max_scale.set(self.max_scale.get().max(next));
         } else {
             self.lowers.set(self.lowers.get() + 1);
-            self.least_scale.set(self.least_scale.get().min(next));
         }
         self.scale.set(next);
         Some(next)

@@ -202,27 +202,16 @@ impl SamplerState {
         }
     }
 
-    /// `config` with the mean interval in force: `sample_every` times the budget's scale, never
-    /// below the densest the budget may go to (`densest`).
+    /// `config` with the mean interval in force: `sample_every` times the budget's scale.
     pub fn effective(&self, config: SampleConfig) -> SampleConfig {
         let scaled = (config.sample_every as f64 * self.budget.scale()).round();
         let sample_every = match scaled.is_finite() && scaled >= 1.0 {
-            true => (scaled.min((u64::MAX / 4) as f64) as u64).max(self.densest(config)),
+            true => (scaled.min((u64::MAX / 4) as f64) as u64).max(config.sample_every),
             false => config.sample_every,
         };
         SampleConfig {
             sample_every,
             ..config
-        }
-    }
-
-    /// The smallest mean interval the budget may use: `sample_every`, or below it for the gem's
-    /// default interval (see `Budget::set_min_scale`).
-    pub fn densest(&self, config: SampleConfig) -> u64 {
-        let floor = (config.sample_every as f64 * self.budget.min_scale()).round();
-        match floor.is_finite() && floor >= 1.0 {
-            true => (floor as u64).min(config.sample_every),
-            false => config.sample_every,
         }
     }
 
@@ -263,9 +252,9 @@ impl SamplerState {
             false => u64::MAX / 4,
         };
         stats.windows_opened += 1;
-        let covered = length.min(gap.max(1));
-        stats.window_allocations = stats.window_allocations.saturating_add(covered);
-        self.budget.charge_window(covered);
+        stats.window_allocations = stats
+            .window_allocations
+            .saturating_add(length.min(gap.max(1)));
         self.window.set(Window {
             open: true,
             left: length,
