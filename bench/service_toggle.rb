@@ -39,8 +39,9 @@ else
   ALL_VARIANTS.reject { |_, m| m == "fixed" }
 end
 # SERVICE_APPS=sinatra,rails (the default): each row on the sinatra service and on the Rails app
-# of examples/rails_leak (its leak off).
-APPS = ENV.fetch("SERVICE_APPS", ServiceCluster::APPS.join(",")).split(",")
+# of examples/rails_leak (its leak off). BENCH_SMOKE runs the sinatra one only (CI's time; the
+# Rails app is exercised by bench/rails_leak.rb's smoke run).
+APPS = ENV.fetch("SERVICE_APPS", Bench.pick(ServiceCluster::APPS, ["sinatra"]).join(",")).split(",")
 # TOGGLE_COMPARE_LIB=DIR (another build's lib/ directory, its extension built): each row is run
 # with that build too, alternating with this one, so two builds are compared in one run.
 LIBS = {"" => ServiceCluster::LIB}
