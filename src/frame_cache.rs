@@ -11,7 +11,7 @@
 //! when its epoch ends, when it fills up, and when it is cleared. Needs no lock: the recorder's
 //! state owns it, and every method takes the string storage's batch.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasherDefault;
 
 use rustc_hash::FxHasher;
@@ -41,14 +41,15 @@ pub struct FrameKey {
 pub const LAST_SENTINEL_LOCATOR: u64 = 1;
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+type FxSet<T> = HashSet<T, BuildHasherDefault<FxHasher>>;
 
 #[derive(Default)]
 pub struct FrameCache {
     epoch: u64,
     frames: FxMap<FrameKey, Frame>,
-    /// Each distinct handle the keys hold (handles and locators), with how many keys hold it: what
-    /// the GC mark walks (one method's frames at many lines share one handle).
-    handles: FxMap<u64, u32>,
+    /// Each distinct handle the keys hold (handles and locators): what the GC mark walks (one
+    /// method's frames at many lines share one handle). Emptied with the frames, never in part.
+    handles: FxSet<u64>,
     /// Scratch for the keys of one capture (reused, so a lookup allocates nothing).
     pub(crate) keys: Vec<FrameKey>,
 }
@@ -92,9 +93,9 @@ impl FrameCache {
             // Cannot happen (the caller inserts only what it did not find); keep the counts right.
             Some(old) => strings.unintern_all([old.name, old.filename])?,
             None => {
-                *self.handles.entry(key.handle).or_default() += 1;
+                self.handles.insert(key.handle);
                 if key.locator > LAST_SENTINEL_LOCATOR {
-                    *self.handles.entry(key.locator).or_default() += 1;
+                    self.handles.insert(key.locator);
                 }
             }
         }
@@ -105,7 +106,7 @@ impl FrameCache {
     /// small sentinels are not handles), for the binding to keep alive and unmoved (see
     /// `StackCache::for_each_handle`). Never allocates.
     pub fn for_each_handle(&self, mut f: impl FnMut(u64)) {
-        self.handles.keys().for_each(|&h| f(h));
+        self.handles.iter().for_each(|&h| f(h));
     }
 
     /// Forgets every frame, giving back its references.
@@ -126,7 +127,7 @@ impl FrameCache {
     /// Approximate heap bytes held.
     pub fn memsize(&self) -> usize {
         self.frames.capacity() * (std::mem::size_of::<(FrameKey, Frame)>() + 1)
-            + self.handles.capacity() * (std::mem::size_of::<(u64, u32)>() + 1)
+            + self.handles.capacity() * (std::mem::size_of::<u64>() + 1)
             + self.keys.capacity() * std::mem::size_of::<FrameKey>()
     }
 }

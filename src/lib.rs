@@ -21,6 +21,15 @@ pub mod vm;
 #[cfg(test)]
 pub(crate) mod fake_vm;
 
+/// One step of xorshift64 (shifts 13, 7, 17): the small random streams that place thinning,
+/// budget timings and windows. Fast and good enough for that; a zero state stays zero.
+pub fn xorshift64(mut x: u64) -> u64 {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    x
+}
+
 pub use error::{HeapError, Result, FIXNUM_MAX, MAX_FRAMES_LIMIT};
 pub use frame_cache::FrameKey;
 pub use pprof::{

@@ -122,6 +122,7 @@ impl HeapRecords {
     }
 
     /// Every record, dormant ones included (their count is 0).
+    #[cfg(test)]
     pub fn iter_all(&self) -> impl Iterator<Item = (&Stack, u32)> {
         self.records.iter().map(|(s, c)| (s, c.count.get()))
     }
@@ -279,30 +280,16 @@ impl HeapRecords {
         Ok(self.insert_scratch())
     }
 
-    /// Raises by one the count of `stack` if that very stack (not merely an equal one) is still a
-    /// heap record, live or dormant, and says whether it was. A stack that stopped being a record
-    /// has given back its string ids, which may since name other strings, so only the original
-    /// is trusted. Interns nothing; never allocates. Fails (changing nothing) at the count limit.
-    pub fn acquire_existing(&mut self, stack: &Stack) -> Result<bool> {
-        // One lookup: the count is a Cell, so it can be raised through the shared borrow that
-        // also hands out the record's own Arc to compare with.
-        let Some((record, claims)) = self.records.get_key_value(&**stack) else {
-            return Ok(false);
-        };
-        if !Arc::ptr_eq(record, stack) {
-            return Ok(false);
-        }
-        claim(claims, &mut self.dormant)?;
-        Ok(true)
-    }
-
     /// The claims of `stack`'s record (equal frames), for the stack cache to keep.
     pub fn claims_of(&self, stack: &[Frame]) -> Option<Rc<Claims>> {
         self.records.get(stack).cloned()
     }
 
-    /// [`HeapRecords::acquire_existing`] through claims the stack cache kept: raises the record's
-    /// count unless it was swept away since. One memory access instead of a lookup.
+    /// Raises by one the count of the record whose `claims` the stack cache kept (live or
+    /// dormant), and says whether it could: not once the record was swept away, since a record
+    /// given back has given back its string ids, which may since name other strings. One memory
+    /// access instead of a lookup; interns nothing, never allocates. Fails (changing nothing) at
+    /// the count limit.
     pub fn acquire_claimed(&mut self, claims: &Claims) -> Result<bool> {
         if claims.gone.get() {
             return Ok(false);

@@ -7,15 +7,16 @@
 //!   marks (and so pins) every handle the cache holds at every GC ([`StackCache::for_each_handle`]);
 //!   when it could not, it starts a new period. The caller says which period a key belongs to
 //!   (`epoch`); an entry filled in another period never matches.
-//! - The cache holds no reference in the recorder (no heap record count, no string id). Its
-//!   [`Stack`] is only a pointer to compare: the recorder reuses it only while the very same
-//!   stack is still a live heap record, whose references keep its string ids meaning what they
-//!   meant when the entry was filled. So clearing the cache, or dropping it, gives back nothing.
+//! - The cache holds no reference in the recorder (no heap record count, no string id). An entry
+//!   keeps its stack with the record's [`Claims`]: the recorder reuses the stack only while the
+//!   claims say its record has not been given back, so its references still keep its string ids
+//!   meaning what they meant when the entry was filled. So clearing the cache, or dropping it,
+//!   gives back nothing.
 //! - A key is compared by its length, salt, epoch and two independent 64-bit hashes of every
 //!   handle and line, not element by element: the slot's copy of a 47-frame key is nine cache
 //!   lines, which a service's allocations evict between two samples (a micro-benchmark with the
 //!   caches evicted: 1.7 µs a hit with the element compare). Two different stacks of one length
-//!   would have to agree on both hashes to be confused. The slot keeps the key itself for the
+//!   would have to agree on both hashes to be confused. The slot keeps the key's handles for the
 //!   binding's GC mark.
 //!
 //! Fixed size and direct-mapped: each key has one slot, a newer key takes it over. The table is
@@ -128,26 +129,24 @@ impl FrameSource for [RawFrame<'_>] {
 struct Slot {
     hash: u64,
     check: u64,
-    len: usize,
     salt: u64,
     epoch: u64,
+    /// The key's handles (its length is the key's), for the GC mark.
     frames: Vec<u64>,
-    lines: Vec<i32>,
-    /// `None` for an empty slot.
-    stack: Option<Stack>,
-    /// The heap record's claims, when the recorder gave them: a hit then raises its count
-    /// without looking the stack up among the records (nine cache lines fewer for a stack of 47
-    /// frames, in a service whose allocations evicted them since the last sample).
-    claims: Option<Rc<Claims>>,
+    /// The stack and its heap record's claims; `None` for an empty slot. With the claims a hit
+    /// raises the record's count without looking the stack up among the records (nine cache
+    /// lines fewer for a stack of 47 frames, in a service whose allocations evicted them since
+    /// the last sample).
+    entry: Option<(Stack, Rc<Claims>)>,
 }
 
 impl Slot {
     fn matches(&self, key: &RawStackKey<'_>, hash: u64) -> bool {
-        self.stack.is_some()
+        self.entry.is_some()
             && self.hash == hash
             && self.epoch == key.epoch
             && self.salt == key.salt
-            && self.len == key.frames.len()
+            && self.frames.len() == key.frames.len()
             && self.check == key.check()
     }
 }
@@ -208,38 +207,23 @@ impl StackCache {
             && key.frames.len() <= STACK_CACHE_MAX_KEY_FRAMES
     }
 
-    /// The stack last stored for `key`, if any (the caller still checks that it is live).
-    /// Never allocates.
-    pub fn get(&self, key: &RawStackKey<'_>) -> Option<&Stack> {
-        self.get_entry(key).map(|(stack, _)| stack)
-    }
-
-    /// [`StackCache::get`], with the record's claims if they were stored.
-    pub fn get_entry(&self, key: &RawStackKey<'_>) -> Option<(&Stack, Option<&Rc<Claims>>)> {
+    /// The stack last stored for `key` and its record's claims, if any (the caller still checks
+    /// that the record was not given back since). Never allocates.
+    pub fn get(&self, key: &RawStackKey<'_>) -> Option<(&Stack, &Rc<Claims>)> {
         if !self.accepts(key) {
             return None;
         }
         let hash = key.hash();
         let slot = self.slots.get(self.index(hash)?)?;
         match slot.matches(key, hash) {
-            true => Some((slot.stack.as_ref()?, slot.claims.as_ref())),
+            true => slot.entry.as_ref().map(|(stack, claims)| (stack, claims)),
             false => None,
         }
     }
 
-    /// Stores `stack` for `key`, replacing what its slot held. Allocates only to grow the slot's
-    /// buffers.
-    pub fn insert(&mut self, key: &RawStackKey<'_>, stack: &Stack) {
-        self.insert_with_claims(key, stack, None);
-    }
-
-    /// [`StackCache::insert`], keeping the record's claims too.
-    pub fn insert_with_claims(
-        &mut self,
-        key: &RawStackKey<'_>,
-        stack: &Stack,
-        claims: Option<Rc<Claims>>,
-    ) {
+    /// Stores `stack` and its record's `claims` for `key`, replacing what its slot held.
+    /// Allocates only to grow the slot's buffer.
+    pub fn insert(&mut self, key: &RawStackKey<'_>, stack: &Stack, claims: Rc<Claims>) {
         if !self.accepts(key) {
             return;
         }
@@ -249,23 +233,18 @@ impl StackCache {
         };
         slot.hash = hash;
         slot.check = key.check();
-        slot.len = key.frames.len();
         slot.salt = key.salt;
         slot.epoch = key.epoch;
         slot.frames.clear();
         slot.frames.extend_from_slice(key.frames);
-        slot.lines.clear();
-        slot.lines.extend_from_slice(key.lines);
-        slot.stack = Some(stack.clone());
-        slot.claims = claims;
+        slot.entry = Some((stack.clone(), claims));
     }
 
     /// Empties every slot (their buffers are kept for reuse). Gives nothing back to the recorder:
     /// the cache holds no reference there.
     pub fn clear(&mut self) {
         for slot in self.slots.iter_mut() {
-            slot.stack = None;
-            slot.claims = None;
+            slot.entry = None;
         }
     }
 
@@ -273,7 +252,7 @@ impl StackCache {
     /// (and unmoved) for as long as they are cached: then a handle never names another frame
     /// while its slot is filled, and entries outlive GCs. Never allocates.
     pub fn for_each_handle(&self, mut f: impl FnMut(u64)) {
-        for slot in self.slots.iter().filter(|s| s.stack.is_some()) {
+        for slot in self.slots.iter().filter(|s| s.entry.is_some()) {
             slot.frames.iter().for_each(|&h| f(h));
         }
     }
@@ -299,10 +278,7 @@ impl StackCache {
             + self
                 .slots
                 .iter()
-                .map(|s| {
-                    s.frames.capacity() * std::mem::size_of::<u64>()
-                        + s.lines.capacity() * std::mem::size_of::<i32>()
-                })
+                .map(|s| s.frames.capacity() * std::mem::size_of::<u64>())
                 .sum::<usize>()
     }
 }
@@ -336,11 +312,11 @@ mod tests {
     fn an_unreserved_cache_keeps_nothing() {
         let mut cache = StackCache::default();
         assert!(!cache.is_active());
-        cache.insert(&key(&[10], &[1], 0), &stack(1));
+        cache.insert(&key(&[10], &[1], 0), &stack(1), Rc::default());
         assert!(cache.get(&key(&[10], &[1], 0)).is_none());
         cache.reserve();
         assert!(cache.is_active());
-        cache.insert(&key(&[10], &[1], 0), &stack(1));
+        cache.insert(&key(&[10], &[1], 0), &stack(1), Rc::default());
         assert!(cache.get(&key(&[10], &[1], 0)).is_some());
     }
 
@@ -348,15 +324,15 @@ mod tests {
     fn finds_what_was_stored_for_an_equal_key() {
         let mut cache = StackCache::with_slots(STACK_CACHE_SLOTS);
         let s = stack(1);
-        cache.insert(&key(&[10, 20], &[1, 2], 5), &s);
-        let found = cache.get(&key(&[10, 20], &[1, 2], 5)).unwrap();
+        cache.insert(&key(&[10, 20], &[1, 2], 5), &s, Rc::default());
+        let (found, _) = cache.get(&key(&[10, 20], &[1, 2], 5)).unwrap();
         assert!(Arc::ptr_eq(found, &s));
     }
 
     #[test]
     fn another_epoch_line_handle_length_or_salt_misses() {
         let mut cache = StackCache::with_slots(STACK_CACHE_SLOTS);
-        cache.insert(&key(&[10, 20], &[1, 2], 5), &stack(1));
+        cache.insert(&key(&[10, 20], &[1, 2], 5), &stack(1), Rc::default());
         assert!(cache.get(&key(&[10, 20], &[1, 2], 6)).is_none());
         assert!(cache.get(&key(&[10, 20], &[1, 3], 5)).is_none());
         assert!(cache.get(&key(&[10, 21], &[1, 2], 5)).is_none());
@@ -372,10 +348,10 @@ mod tests {
         // One slot: every key lands in it, so only the full comparison can tell them apart.
         let mut cache = StackCache::with_slots(1);
         let (a, b) = (stack(1), stack(2));
-        cache.insert(&key(&[10], &[1], 0), &a);
+        cache.insert(&key(&[10], &[1], 0), &a, Rc::default());
         assert!(cache.get(&key(&[11], &[1], 0)).is_none());
-        cache.insert(&key(&[11], &[1], 0), &b);
-        assert!(Arc::ptr_eq(cache.get(&key(&[11], &[1], 0)).unwrap(), &b));
+        cache.insert(&key(&[11], &[1], 0), &b, Rc::default());
+        assert!(Arc::ptr_eq(cache.get(&key(&[11], &[1], 0)).unwrap().0, &b));
         assert!(cache.get(&key(&[10], &[1], 0)).is_none(), "evicted");
     }
 
@@ -383,24 +359,24 @@ mod tests {
     fn clear_and_disable_forget_everything() {
         let mut cache = StackCache::with_slots(STACK_CACHE_SLOTS);
         let s = stack(1);
-        cache.insert(&key(&[10], &[1], 0), &s);
+        cache.insert(&key(&[10], &[1], 0), &s, Rc::default());
         assert_eq!(Arc::strong_count(&s), 2);
         cache.clear();
         assert!(cache.get(&key(&[10], &[1], 0)).is_none());
         assert_eq!(Arc::strong_count(&s), 1, "the cache let go of the stack");
         cache.set_enabled(false);
-        cache.insert(&key(&[10], &[1], 0), &s);
+        cache.insert(&key(&[10], &[1], 0), &s, Rc::default());
         assert!(cache.get(&key(&[10], &[1], 0)).is_none());
         assert_eq!(Arc::strong_count(&s), 1);
         cache.set_enabled(true);
-        cache.insert(&key(&[10], &[1], 0), &s);
+        cache.insert(&key(&[10], &[1], 0), &s, Rc::default());
         assert!(cache.get(&key(&[10], &[1], 0)).is_some());
     }
 
     #[test]
     fn mismatched_key_lengths_are_never_cached() {
         let mut cache = StackCache::with_slots(STACK_CACHE_SLOTS);
-        cache.insert(&key(&[10, 20], &[1], 0), &stack(1));
+        cache.insert(&key(&[10, 20], &[1], 0), &stack(1), Rc::default());
         assert!(cache.get(&key(&[10, 20], &[1], 0)).is_none());
     }
 
@@ -409,9 +385,9 @@ mod tests {
         let mut cache = StackCache::with_slots(STACK_CACHE_SLOTS);
         let n = STACK_CACHE_MAX_KEY_FRAMES;
         let (frames, lines) = (vec![7u64; n + 1], vec![1i32; n + 1]);
-        cache.insert(&key(&frames, &lines, 0), &stack(1));
+        cache.insert(&key(&frames, &lines, 0), &stack(1), Rc::default());
         assert!(cache.get(&key(&frames, &lines, 0)).is_none());
-        cache.insert(&key(&frames[..n], &lines[..n], 0), &stack(1));
+        cache.insert(&key(&frames[..n], &lines[..n], 0), &stack(1), Rc::default());
         assert!(cache.get(&key(&frames[..n], &lines[..n], 0)).is_some());
     }
 
@@ -422,7 +398,7 @@ mod tests {
         // Handles like VALUEs: 40-byte aligned, so their low bits say little.
         let handles: Vec<u64> = (0..64).map(|i| 0x7f00_0000_0000 + 40 * i).collect();
         for h in &handles {
-            cache.insert(&key(std::slice::from_ref(h), &[7], 0), &s);
+            cache.insert(&key(std::slice::from_ref(h), &[7], 0), &s, Rc::default());
         }
         let kept = handles
             .iter()

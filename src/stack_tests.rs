@@ -67,7 +67,8 @@ fn last_release_leaves_a_dormant_record_that_the_second_sweep_gives_back() {
     assert_eq!((records.dormant(), records.count(&s)), (1, 0));
     assert_eq!(records.iter().count(), 0);
     // Dormant, the very same stack is claimed again without interning.
-    assert!(records.acquire_existing(&s).unwrap());
+    let claims = records.claims_of(&s).unwrap();
+    assert!(records.acquire_claimed(&claims).unwrap());
     assert_eq!((records.len(), records.dormant()), (1, 0));
     records.release(&mut b, &s).unwrap();
     // Claimed since the last sweep: the first keeps it, the second gives it back.
@@ -75,7 +76,7 @@ fn last_release_leaves_a_dormant_record_that_the_second_sweep_gives_back() {
     assert_eq!(b.get(s[0].name).unwrap(), "only_here");
     assert_eq!(records.sweep_dormant(&mut b, false), 1);
     assert_eq!((records.dormant(), records.refs()), (0, 0));
-    assert!(!records.acquire_existing(&s).unwrap());
+    assert!(!records.acquire_claimed(&claims).unwrap());
     assert!(b.get(s[0].name).is_err());
     assert!(b.get(s[0].filename).is_err());
     assert!(records.release(&mut b, &s).is_err());

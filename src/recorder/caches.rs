@@ -8,7 +8,7 @@
 //! object's size function, during updates), the caches are borrowed only where nothing can
 //! allocate a Ruby object, so a GC's mark finds them free.
 
-use std::cell::{Cell, RefMut};
+use std::cell::RefMut;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
@@ -88,13 +88,6 @@ impl Caches {
     }
 }
 
-/// The handle epoch and whether a GC skipped the marking (apart from the caches, so the mark
-/// can always write it).
-#[derive(Default)]
-pub(crate) struct HandleEpoch {
-    epoch: Cell<u64>,
-}
-
 impl HeapRecorder {
     pub(crate) fn caches(&self) -> Result<RefMut<'_, Caches>> {
         (self.caches)
@@ -105,7 +98,7 @@ impl HeapRecorder {
     /// The period in which the frame handles the caches hold are known to be alive and unmoved:
     /// it changes only when a GC could not mark them. Keys of the sampling path carry it.
     pub fn handle_epoch(&self) -> u64 {
-        self.handle_epoch.epoch.get()
+        self.handle_epoch.get()
     }
 
     /// Calls `mark` with every frame handle the caches hold, for the binding's GC mark function:
@@ -121,10 +114,7 @@ impl HeapRecorder {
                 caches.frames.for_each_handle(&mut mark);
             }
             Ok(_) => {}
-            Err(_) => {
-                let epoch = &self.handle_epoch.epoch;
-                epoch.set(epoch.get().wrapping_add(1));
-            }
+            Err(_) => (self.handle_epoch).set(self.handle_epoch.get().wrapping_add(1)),
         }
     }
 
@@ -134,14 +124,16 @@ impl HeapRecorder {
         Ok(())
     }
 
-    /// Forgets every cached stack (keeping the table) and every cached frame. The stack cache
-    /// holds no reference in the recorder; the frame cache gives its references back. Skipped,
-    /// harmlessly, if the caches or the storage are in use.
+    /// Forgets every cached stack (keeping the table), frame and class name, giving back what
+    /// the caches hold. Skipped, harmlessly, if the caches are in use; only the stacks (which
+    /// hold no reference) if the storage is.
     pub fn clear_stack_cache(&self) {
         if let Ok(mut caches) = self.caches.try_borrow_mut() {
-            caches.stacks.clear();
-            if let Some(mut strings) = self.strings.try_lock() {
-                let _ = caches.clear(&mut strings);
+            match self.strings.try_lock() {
+                Some(mut strings) => {
+                    let _ = caches.clear(&mut strings);
+                }
+                None => caches.stacks.clear(),
             }
         }
     }

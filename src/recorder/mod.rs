@@ -13,7 +13,7 @@ mod iteration;
 mod record;
 mod update;
 
-use std::cell::{Ref, RefCell, RefMut};
+use std::cell::{Cell, Ref, RefCell, RefMut};
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
@@ -162,12 +162,8 @@ pub(crate) struct State {
 
 impl State {
     fn next_random(&mut self) -> u64 {
-        let mut x = self.rng;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.rng = x;
-        x
+        self.rng = crate::xorshift64(self.rng);
+        self.rng
     }
 }
 
@@ -180,7 +176,9 @@ pub struct HeapRecorder {
     pending: RefCell<Vec<PendingRecording>>,
     /// The sampling path's caches, apart for the same reason (see caches.rs).
     caches: RefCell<caches::Caches>,
-    handle_epoch: caches::HandleEpoch,
+    /// The period in which the caches' frame handles are known alive and unmoved (see
+    /// `handle_epoch()`). Apart from the caches, so a GC's mark can move it when they are in use.
+    handle_epoch: Cell<u64>,
     strings: Strings,
 }
 
@@ -213,7 +211,7 @@ impl HeapRecorder {
             }),
             pending: RefCell::new(Vec::with_capacity(MAX_PENDING_RECORDINGS)),
             caches: RefCell::default(),
-            handle_epoch: caches::HandleEpoch::default(),
+            handle_epoch: Cell::new(0),
             strings: Strings::new(),
         }
     }

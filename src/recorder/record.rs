@@ -14,9 +14,9 @@ use crate::strings::Batch;
 use crate::vm::ObjectRef;
 
 /// The heap record for `source`'s stack with its count raised by one. A cache hit raises the
-/// count of the cached stack (live or dormant), interning nothing; a miss (or a cached stack that
-/// is no longer a record) names the frames the frame cache does not know, acquires the stack, and
-/// caches the result.
+/// count of the cached stack's record (live or dormant), interning nothing; a miss (or a cached
+/// stack whose record was given back) names the frames the frame cache does not know, acquires
+/// the stack, and caches the result.
 fn acquire_stack<S: FrameSource + ?Sized>(
     state: &mut State,
     caches: &mut Caches,
@@ -31,12 +31,8 @@ fn acquire_stack<S: FrameSource + ?Sized>(
     let Caches { stacks, frames, .. } = caches;
     let key = source.key().filter(|_| stacks.is_active());
     if let Some(key) = &key {
-        if let Some((stack, claims)) = stacks.get_entry(key) {
-            let claimed = match claims {
-                Some(claims) => heap_records.acquire_claimed(claims)?,
-                None => heap_records.acquire_existing(stack)?,
-            };
-            if claimed {
+        if let Some((stack, claims)) = stacks.get(key) {
+            if heap_records.acquire_claimed(claims)? {
                 lifetime.stack_cache_hits += 1;
                 return Ok(stack.clone());
             }
@@ -57,8 +53,8 @@ fn acquire_stack<S: FrameSource + ?Sized>(
     keys.clear();
     frames.keys = keys;
     let stack = stack?;
-    if let Some(key) = &key {
-        stacks.insert_with_claims(key, &stack, heap_records.claims_of(&stack));
+    if let (Some(key), Some(claims)) = (&key, heap_records.claims_of(&stack)) {
+        stacks.insert(key, &stack, claims);
     }
     Ok(stack)
 }

@@ -77,7 +77,7 @@ pub fn request_window() {
 extern "C" fn window_job(_data: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
         if let Ok(ruby) = Ruby::get() {
-            let probe = crate::stage_costs::start(crate::stage_costs::Stage::Window);
+            let probe = stage_costs::start(Stage::Window);
             super::windows::tick(&ruby);
             probe.end();
         }

@@ -46,10 +46,7 @@ static THINNING_RNG: AtomicU64 = AtomicU64::new(0x9E37_79B9_7F4A_7C15);
 
 /// A uniform draw in [0, 1). Needs no lock: a lost update between two threads only repeats a draw.
 fn uniform() -> f64 {
-    let mut x = THINNING_RNG.load(Ordering::Relaxed);
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
+    let x = datadog_heap_core::xorshift64(THINNING_RNG.load(Ordering::Relaxed));
     THINNING_RNG.store(x, Ordering::Relaxed);
     (x >> 11) as f64 / (1u64 << 53) as f64
 }

@@ -15,9 +15,9 @@
 //! stretch: more than a whole sample now costs. So the frequent stretches (a sample, a commit)
 //! are timed one in [`TIME_ONE_IN`], drawn at random (a program's own rhythm cannot alias with
 //! it), and each timed one is charged for as many: an unbiased estimate of our time at a
-//! sixteenth of the clock's cost. Rare, long stretches (young updates) are always timed. The process's CPU time (`CLOCK_PROCESS_CPUTIME_ID`) is read only when a
-//! period may end, at most once per `PERIOD_WALL_NS` of wall time, from the commit job (never
-//! from the hook).
+//! sixteenth of the clock's cost. Rare, long stretches (young updates) are always timed. The
+//! process's CPU time (`CLOCK_PROCESS_CPUTIME_ID`) is read only when a period may end, at most
+//! once per `PERIOD_WALL_NS` of wall time, from the commit job (never from the hook).
 //!
 //! Everything here needs the GVL (the session's Cells); nothing allocates or raises.
 
@@ -142,10 +142,7 @@ impl Budget {
 
     /// The next draw of which stretches are timed (xorshift64; only drawn under a budget).
     fn draw(&self) -> u64 {
-        let mut x = self.draws.get();
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = datadog_heap_core::xorshift64(self.draws.get());
         self.draws.set(x);
         x
     }

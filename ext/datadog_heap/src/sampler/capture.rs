@@ -25,9 +25,10 @@ impl FrameSource for CapturedStack<'_> {
     /// cached, the session's mark function marks (and so pins) it at every GC, minor ones
     /// included, for as long as it stays cached, so its slot is never freed and reused and it
     /// never moves. A GC that could not mark the caches moves the core's handle epoch on, a
-    /// compaction move the moved count (see `shims::frame_epoch`); the key carries both. `VALUE` is a 64-bit integer here, as the key's handles are. Naming depends on the whole capture (a C frame takes the location
-    /// of the Ruby frame below it; truncation counts the frames dropped) and on `max_frames`
-    /// (the salt); the key holds all of it.
+    /// compaction move the moved count (see `shims::frame_epoch`); the key carries both.
+    /// `VALUE` is a 64-bit integer here, as the key's handles are. Naming depends on the whole
+    /// capture (a C frame takes the location of the Ruby frame below it; truncation counts the
+    /// frames dropped) and on `max_frames` (the salt); the key holds all of it.
     fn key(&self) -> Option<RawStackKey<'_>> {
         Some(RawStackKey {
             frames: self.frames,
