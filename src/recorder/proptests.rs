@@ -80,11 +80,7 @@ fn check(
     );
     // Dormant records keep their ids until a sweep gives them back.
     let mut live_ids: HashSet<u32> = (state.heap_records.iter_all())
-        .flat_map(|(s, _)| {
-            s.iter()
-                .flat_map(|f| [f.name, f.filename])
-                .collect::<Vec<_>>()
-        })
+        .flat_map(|(s, _)| s.iter().flat_map(|f| [f.name, f.filename]))
         .collect();
     live_ids.extend(rec.caches().unwrap().class_ids());
     let mut class_refs = 0;
