@@ -9,7 +9,9 @@
 #    a finalizer, which runs when the object dies);
 # 3. a window: the windowed sampler at sample_every 2**20 (windows of about one allocation, so
 #    nearly nothing but the windows themselves) at 10 and 1000 windows a second, no budget: the
-#    extra CPU over the extra windows.
+#    extra CPU over the extra windows, and the part of it the gem's own threads ran (the timer;
+#    from /proc), beside the floor any timer thread pays here: a bare native thread sleeping
+#    1 ms on a condition variable and waking, a thousand times.
 # Variants alternate round by round; process CPU time; medians.
 #
 # Run: rake bench:window_cost (or ruby -Ilib bench/window_cost.rb; BENCH_SMOKE=1 for a quick run)
@@ -76,21 +78,41 @@ extra = Bench.median(res[:map].zip(res[:sink]).map { |m, s| m - s })
 Bench.table(["WeakMap entries (objects dying young)", "CPU per entry, all in"],
   [["#{entries} in #{N_MAP} BasicObject.new", Bench.ns(extra * 1e9 / entries)]])
 
+# CPU time each of this process's threads has run so far (Linux: /proc/self/task/*/schedstat),
+# by thread name; {} where /proc has none.
+def thread_run_ns
+  Dir["/proc/self/task/*"].each_with_object(Hash.new(0)) do |task, h|
+    h[File.read("#{task}/comm").strip] += File.read("#{task}/schedstat").split.first.to_i
+  rescue SystemCallError
+    next
+  end
+end
+
 windows = {}
+timer_ns = {}
 res = Bench.alternate(%i[none w10 w1000], ROUNDS) do |v|
   rec = DatadogHeap::Recorder.new(sample_every: 2**20, max_overhead: nil, windows_per_second: (v == :w10) ? 10 : 1000) unless v == :none
   rec&.start
+  before = thread_run_ns
   t = Bench.cpu
   LOOPS["BasicObject.new"].call(N_WINDOWS)
   seconds = Bench.cpu - t
-  (windows[v] ||= []) << rec.stats[:sampler_windows_opened] if rec
+  after = thread_run_ns
+  if rec
+    (windows[v] ||= []) << rec.stats[:sampler_windows_opened]
+    timers = after.keys.grep(/\Adatadog_heap/)
+    (timer_ns[v] ||= []) << timers.sum { |k| after[k] - before[k] }
+  end
   seconds
 ensure
   rec&.stop
 end
 extra = Bench.median(res[:w1000].zip(res[:w10]).map { |a, b| a - b })
 more = Bench.median(windows[:w1000]) - Bench.median(windows[:w10])
+in_timer = Bench.median(timer_ns[:w1000].zip(timer_ns[:w10]).map { |a, b| a - b })
+floor = Bench.median(Array.new(3) { DatadogHeap::Testing._native_sleep_wake_floor(Bench.pick(1000, 50), 1000) })
 timer = DatadogHeap._native_native_window_timer ? "native" : "Ruby thread"
-Bench.table(["windows of ~1 allocation (#{timer} timer)", "windows per run", "CPU per window"],
+Bench.table(["windows of ~1 allocation (#{timer} timer)", "windows per run", "CPU per window",
+  "of which the gem's own threads", "a bare native thread's sleep and wake"],
   [["1000/s against 10/s, #{N_WINDOWS} BasicObject.new", "#{Bench.median(windows[:w1000]).round} vs #{Bench.median(windows[:w10]).round}",
-    Bench.ns(extra * 1e9 / [more, 1].max)]])
+    Bench.ns(extra * 1e9 / [more, 1].max), Bench.ns(in_timer.to_f / [more, 1].max), Bench.ns(floor)]])

@@ -123,6 +123,36 @@ RSpec.describe "windowed sampler" do
     end
   end
 
+  it "keeps its estimates with a smaller in-window mean, over windows that cover less", :heavy do
+    result = in_child(120) do
+      expect(DatadogHeap::Testing._native_set_window_sample_every(16)).to eq(64)
+      rec = windowed(sample_every: 256)
+      allocated = GC.stat(:total_allocated_objects)
+      rec.start
+      keep = []
+      allocating(200_000, 2_000) do |i|
+        keep << Array.new(1)
+        keep << {} if i % 4 == 0
+        3.times { Object.new }
+      end
+      window_allocations = rec.stats[:sampler_window_allocations]
+      allocated = GC.stat(:total_allocated_objects) - allocated
+      [finish(rec).values_at("Array", "Hash"), window_allocations.to_f / allocated]
+    end
+    (array, hash), covered = result
+    expect_estimate(array, 200_000, 256, "Array")
+    expect_estimate(hash, 50_000, 256, "Hash")
+    # Windows cover 16 / (256 - 16) of the gaps (6.7% of the allocations), not the 64 / 192 (33%)
+    # of the default mean.
+    expect(covered).to be_between(0.03, 0.12)
+  end
+
+  it "refuses an in-window mean outside 1..65536, naming it" do
+    expect { DatadogHeap::Testing._native_set_window_sample_every(0) }
+      .to raise_error(ArgumentError, /window sample_every must be between 1 and 65536, got 0/)
+    expect(DatadogHeap::Testing._native_set_window_sample_every(64)).to eq(64)
+  end
+
   it "does not alias with a periodic pattern (keep 1 allocation in K)", :heavy do
     # sample_every: 16 (8 inside windows) and 2M allocations give a large K a hundred samples or
     # more: a sampler that aliases with K estimates 0 or a multiple of the truth, far outside.

@@ -29,6 +29,44 @@ fn hold_lock(ruby: &Ruby, rec: &Recorder) -> Result<Value, Error> {
     result
 }
 
+fn set_window_sample_every(ruby: &Ruby, every: u64) -> Result<u64, Error> {
+    match every {
+        1..=65_536 => Ok(crate::sampler::set_window_sample_every(every)),
+        _ => Err(Error::new(
+            ruby.exception_arg_error(),
+            format!("window sample_every must be between 1 and 65536, got {every}"),
+        )),
+    }
+}
+
+fn sleep_wake_floor(ruby: &Ruby, ticks: u64, period_us: u64) -> Result<f64, Error> {
+    use crate::shims::{clock_ns, Clock};
+    use std::sync::{Condvar, Mutex};
+    let (ticks, period) = (
+        ticks.max(1),
+        std::time::Duration::from_micros(period_us.max(1)),
+    );
+    let failed = |what: &str| {
+        Error::new(
+            ruby.exception_runtime_error(),
+            format!("sleep_wake_floor: {what}"),
+        )
+    };
+    let sleeper = std::thread::Builder::new().spawn(move || {
+        let (lock, wake) = (Mutex::new(()), Condvar::new());
+        let started = clock_ns(Clock::ThreadCpu);
+        for _ in 0..ticks {
+            let guard = lock.lock().map_err(|_| ())?;
+            drop(wake.wait_timeout(guard, period).map_err(|_| ())?);
+        }
+        Ok::<u64, ()>(clock_ns(Clock::ThreadCpu).saturating_sub(started))
+    });
+    match sleeper.map_err(|e| failed(&e.to_string()))?.join() {
+        Ok(Ok(ns)) => Ok(ns as f64 / ticks as f64),
+        _ => Err(failed("the sleeping thread failed")),
+    }
+}
+
 fn set_cost_model(rec: &Recorder, ns_per_allocation: Option<f64>, ns_per_sample: u64) {
     let clock = match ns_per_allocation {
         Some(ns_per_allocation) => CostClock::Model {
@@ -135,6 +173,17 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
     // that much per program allocation and each sample costs ns_per_sample, instead of the
     // clocks; nil: the real clocks again. Starts a new budget period.
     testing.define_singleton_method("_native_set_cost_model", function!(set_cost_model, 3))?;
+    // The windowed sampler's in-window mean (allocations per sample inside a window) for windows
+    // opened from now on; returns the previous one. Benchmarks compare means side by side.
+    testing.define_singleton_method(
+        "_native_set_window_sample_every",
+        function!(set_window_sample_every, 1),
+    )?;
+    // The platform's floor under any window timer: a bare native thread that sleeps `ticks`
+    // times on a condition variable with a timeout of `period_us` (as the window timer does) and
+    // wakes; returns its thread CPU time per wake, in ns. Blocks the caller for about
+    // ticks x period_us, GVL held (benchmarks only).
+    testing.define_singleton_method("_native_sleep_wake_floor", function!(sleep_wake_floor, 2))?;
     // Stage costs (thread CPU time per stage of our own work): on/off (zeroes them), and
     // [[stage, ns, count], ..., ["overhead_ns", a probe's own cost, 1]].
     testing.define_singleton_method(

@@ -30,6 +30,7 @@ mod frame_names;
 mod sampled;
 
 use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use datadog_heap_core::{HeapRecorder, MAX_FRAMES_LIMIT};
@@ -45,6 +46,17 @@ pub use sampled::sample;
 /// 1.5 µs) spread over the interval matches the slow path every allocation in a window pays
 /// (about 28 ns on Ruby 3.1), which gives the most samples for the time spent.
 pub const WINDOW_SAMPLE_EVERY: u64 = 64;
+
+/// The in-window mean in force: [`WINDOW_SAMPLE_EVERY`] unless a benchmark set another (see
+/// [`set_window_sample_every`]).
+static WINDOW_MEAN: AtomicU64 = AtomicU64::new(WINDOW_SAMPLE_EVERY);
+
+/// Benchmark aid: the in-window mean for windows opened from now on (a running session's windows
+/// shift with it; weights stay unbiased, since each window's share and its samples' intervals are
+/// drawn with the mean of their time). Returns the previous one.
+pub fn set_window_sample_every(every: u64) -> u64 {
+    WINDOW_MEAN.swap(every.max(1), Ordering::Relaxed)
+}
 
 /// How a session chooses its samples (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -151,7 +163,9 @@ impl SampleConfig {
     fn countdown_mean(&self) -> u64 {
         match self.mode {
             Mode::Countdown => self.sample_every,
-            Mode::Windowed { .. } => WINDOW_SAMPLE_EVERY.min(self.sample_every / 2).max(1),
+            Mode::Windowed { .. } => (WINDOW_MEAN.load(Ordering::Relaxed))
+                .min(self.sample_every / 2)
+                .max(1),
         }
     }
 }

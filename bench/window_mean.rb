@@ -1,0 +1,105 @@
+# frozen_string_literal: true
+
+# The windowed sampler's in-window mean: how many allocations go by per sample inside a window
+# (64 until 2026-12-05). Every allocation inside a window pays the VM's slow path (about 30 ns),
+# so a sample costs its own work plus `mean` slow paths; a smaller mean makes windows shorter
+# (they cover `mean / sample_every` of the allocations) with the same samples in them. What it
+# costs and what it does to the estimates, side by side in one run:
+# 1. cost: BasicObject.new and a request-like mix ([i, i], small Strings, Hashes) in a loop, no
+#    recorder against the default recorder at each mean; throughput ratio (paired per round) and
+#    the extra CPU per sample;
+# 2. estimates: three sites retained 20:5:1 among garbage (bench/accuracy.rb's first case),
+#    estimate over truth per site, median and spread over ROUNDS runs, at each mean.
+# Variants alternate round by round; process CPU time.
+#
+# Run: rake bench:window_mean (or ruby -Ilib bench/window_mean.rb; BENCH_SMOKE=1 for a quick
+# run; WINDOW_MEANS=64,16 to choose the means)
+require_relative "support"
+
+ROUNDS = Bench.pick(7, 2)
+N = Bench.pick(10_000_000, 200_000)
+SCALE = Bench.pick(200_000, 5_000) # the smallest site's retained count
+MEANS = (ENV["WINDOW_MEANS"] || "64,32,16,8").split(",").map { |m| Integer(m, 10) }
+DEFAULT_MEAN = DatadogHeap::Testing._native_set_window_sample_every(64)
+DatadogHeap::Testing._native_set_window_sample_every(DEFAULT_MEAN)
+
+LOOPS = {
+  "BasicObject.new" => ->(n) { i = 0; while i < n; o = BasicObject.new; i += 1; end; o && nil },
+  "mix: [i, i], String, Hash" => lambda do |n|
+    s = "small"
+    i = 0
+    while i < n
+      o = [i, i]
+      o = s.dup
+      o = {a: i}
+      i += 3
+    end
+    o && nil
+  end,
+}.freeze
+
+def with_mean(mean)
+  before = DatadogHeap::Testing._native_set_window_sample_every(mean)
+  yield
+ensure
+  DatadogHeap::Testing._native_set_window_sample_every(before)
+end
+
+Bench.header("bench/window_mean.rb: the windowed sampler's in-window mean, cost and estimates",
+  ["means #{MEANS.join(", ")} (default #{DEFAULT_MEAN}); #{ROUNDS} rounds, alternating; " \
+   "process CPU time; default recorder (windowed, sample_every 4096, budget 1%)"])
+
+variants = [:none] + MEANS
+rows = LOOPS.flat_map do |name, work|
+  work.call(N / 10)
+  res = Bench.alternate(variants, ROUNDS) do |v|
+    rec = nil
+    with_mean(v == :none ? DEFAULT_MEAN : v) do
+      rec = DatadogHeap::Recorder.new if v != :none
+      rec&.start
+      t = Bench.cpu
+      work.call(N)
+      cpu = Bench.cpu - t
+      samples = rec ? rec.stats[:sampler_samples_taken] : 0
+      rec&.stop
+      {cpu: cpu, samples: samples}
+    end
+  end
+  none = Bench.median(res[:none].map { |r| r[:cpu] })
+  MEANS.map do |m|
+    ratio = Bench.paired_ratio(res, :none, m, :cpu)
+    samples = Bench.median(res[m].map { |r| r[:samples] })
+    extra = Bench.median(res[m].zip(res[:none]).map { |r, b| (r[:cpu] - b[:cpu]) / [r[:samples], 1].max })
+    [name, m, format("%.3f×", ratio), Bench.ms(none), samples.round, Bench.ns(extra * 1e9)]
+  end
+end
+Bench.table(["loop", "in-window mean", "throughput vs none", "none", "samples", "extra CPU per sample"], rows)
+
+# Estimates: three sites retained in known numbers among garbage.
+def three_sites
+  rec = DatadogHeap::Recorder.new
+  rec.start
+  keep = []
+  (20 * SCALE).times do |i|
+    keep << Array.new(1)
+    keep << {} if i % 4 == 0
+    keep << String.new if i % 20 == 0
+    Object.new
+  end
+  rec.stop
+  rec.commit
+  GC.start
+  counts = rec.each_live_object.each_with_object(Hash.new(0)) { |o, h| h[o.class_name] += o.weight }
+  keep.clear
+  truth = {"Array" => 20 * SCALE, "Hash" => 5 * SCALE, "String" => SCALE}
+  truth.to_h { |k, t| [k, counts[k].to_f / t] }
+end
+
+est = Bench.alternate(MEANS, ROUNDS) { |m| with_mean(m) { three_sites } }
+rows = %w[Array Hash String].flat_map do |site|
+  MEANS.map do |m|
+    r = est[m].map { |e| e[site] }
+    [site, m, format("%.3f", Bench.median(r)), format("%.3f..%.3f", r.min, r.max)]
+  end
+end
+Bench.table(["site (20:5:1, smallest #{SCALE})", "in-window mean", "estimate / truth, median", "spread"], rows)
