@@ -19,21 +19,9 @@ ROUNDS = Bench.pick(3, 1)
 SCALE = Bench.pick(1_000_000, 20_000) # the smallest site's retained count
 SAMPLERS = {countdown: {sampler: :countdown}, windowed: {sampler: :windowed}}.freeze
 
-# Runs `work` under a recorder with `opts`; returns the estimated live count per class name.
-def estimate(opts)
-  rec = DatadogHeap::Recorder.new(**opts)
-  rec.start
-  kept = yield
-  rec.stop
-  rec.commit
-  GC.start
-  counts = rec.each_live_object.each_with_object(Hash.new(0)) { |o, h| h[o.class_name] += o.weight }
-  [counts, kept]
-end
-
 SCENARIOS = {
   "three sites 20:5:1 (Array/Hash/String)" => lambda do |opts|
-    counts, kept = estimate(opts) do
+    counts, kept = Bench.live_estimate(opts) do
       keep = []
       (20 * SCALE).times do |i|
         keep << Array.new(1)
@@ -49,7 +37,7 @@ SCENARIOS = {
   "keep 1 in K" => lambda do |opts|
     [2, 10, 128, 2048].map do |k|
       n = 10 * SCALE * [k, 10].min
-      counts, kept = estimate(opts) do
+      counts, kept = Bench.live_estimate(opts) do
         keep = []
         i = 0
         while i < n
@@ -63,7 +51,7 @@ SCENARIOS = {
     end
   end,
   "fast phase then slow phase" => lambda do |opts|
-    counts, kept = estimate(opts) do
+    counts, kept = Bench.live_estimate(opts) do
       fast = Array.new(2 * SCALE) { Array.new(1) }
       slow = []
       200.times do

@@ -159,6 +159,18 @@ module Bench
   end
 
   # Current and peak resident set size of this process, in bytes (Linux /proc).
+  # Runs the block (whose result stays alive until the count is done) under a recorder made with
+  # `opts`; returns [the estimated live objects per class name, the block's result].
+  def live_estimate(opts = {})
+    rec = DatadogHeap::Recorder.new(**opts)
+    rec.start
+    kept = yield
+    rec.stop
+    rec.commit
+    GC.start
+    [rec.each_live_object.each_with_object(Hash.new(0)) { |o, h| h[o.class_name] += o.weight }, kept]
+  end
+
   def rss
     proc_status_kb("VmRSS") * 1024
   end

@@ -20,8 +20,6 @@ ROUNDS = Bench.pick(7, 2)
 N = Bench.pick(10_000_000, 200_000)
 SCALE = Bench.pick(200_000, 5_000) # the smallest site's retained count
 MEANS = (ENV["WINDOW_MEANS"] || "64,32,16,8").split(",").map { |m| Integer(m, 10) }
-DEFAULT_MEAN = DatadogHeap::Testing._native_set_window_sample_every(64)
-DatadogHeap::Testing._native_set_window_sample_every(DEFAULT_MEAN)
 
 LOOPS = {
   "BasicObject.new" => ->(n) { i = 0; while i < n; o = BasicObject.new; i += 1; end; o && nil },
@@ -38,6 +36,7 @@ LOOPS = {
   end,
 }.freeze
 
+# The block's recorders take the in-window mean `mean`.
 def with_mean(mean)
   before = DatadogHeap::Testing._native_set_window_sample_every(mean)
   yield
@@ -46,24 +45,21 @@ ensure
 end
 
 Bench.header("bench/window_mean.rb: the windowed sampler's in-window mean, cost and estimates",
-  ["means #{MEANS.join(", ")} (default #{DEFAULT_MEAN}); #{ROUNDS} rounds, alternating; " \
+  ["means #{MEANS.join(", ")}; #{ROUNDS} rounds, alternating; " \
    "process CPU time; default recorder (windowed, sample_every 4096, budget 1%)"])
 
 variants = [:none] + MEANS
 rows = LOOPS.flat_map do |name, work|
   work.call(N / 10)
   res = Bench.alternate(variants, ROUNDS) do |v|
-    rec = nil
-    with_mean(v == :none ? DEFAULT_MEAN : v) do
-      rec = DatadogHeap::Recorder.new if v != :none
-      rec&.start
-      t = Bench.cpu
-      work.call(N)
-      cpu = Bench.cpu - t
-      samples = rec ? rec.stats[:sampler_samples_taken] : 0
-      rec&.stop
-      {cpu: cpu, samples: samples}
-    end
+    rec = with_mean(v) { DatadogHeap::Recorder.new } unless v == :none
+    rec&.start
+    t = Bench.cpu
+    work.call(N)
+    cpu = Bench.cpu - t
+    samples = rec ? rec.stats[:sampler_samples_taken] : 0
+    rec&.stop
+    {cpu: cpu, samples: samples}
   end
   none = Bench.median(res[:none].map { |r| r[:cpu] })
   MEANS.map do |m|
@@ -75,22 +71,18 @@ rows = LOOPS.flat_map do |name, work|
 end
 Bench.table(["loop", "in-window mean", "throughput vs none", "none", "samples", "extra CPU per sample"], rows)
 
-# Estimates: three sites retained in known numbers among garbage.
+# Estimates: three sites retained in known numbers among garbage, at the default settings.
 def three_sites
-  rec = DatadogHeap::Recorder.new
-  rec.start
-  keep = []
-  (20 * SCALE).times do |i|
-    keep << Array.new(1)
-    keep << {} if i % 4 == 0
-    keep << String.new if i % 20 == 0
-    Object.new
+  counts, = Bench.live_estimate do
+    keep = []
+    (20 * SCALE).times do |i|
+      keep << Array.new(1)
+      keep << {} if i % 4 == 0
+      keep << String.new if i % 20 == 0
+      Object.new
+    end
+    keep
   end
-  rec.stop
-  rec.commit
-  GC.start
-  counts = rec.each_live_object.each_with_object(Hash.new(0)) { |o, h| h[o.class_name] += o.weight }
-  keep.clear
   truth = {"Array" => 20 * SCALE, "Hash" => 5 * SCALE, "String" => SCALE}
   truth.to_h { |k, t| [k, counts[k].to_f / t] }
 end

@@ -40,7 +40,7 @@ fn set_window_sample_every(ruby: &Ruby, every: u64) -> Result<u64, Error> {
 }
 
 fn sleep_wake_floor(ruby: &Ruby, ticks: u64, period_us: u64) -> Result<f64, Error> {
-    use crate::shims::{clock_ns, Clock};
+    use crate::shims::{clock_ns, without_gvl, Clock, IfRefused};
     use std::sync::{Condvar, Mutex};
     let (ticks, period) = (
         ticks.max(1),
@@ -52,17 +52,20 @@ fn sleep_wake_floor(ruby: &Ruby, ticks: u64, period_us: u64) -> Result<f64, Erro
             format!("sleep_wake_floor: {what}"),
         )
     };
-    let sleeper = std::thread::Builder::new().spawn(move || {
-        let (lock, wake) = (Mutex::new(()), Condvar::new());
-        let started = clock_ns(Clock::ThreadCpu);
-        for _ in 0..ticks {
-            let guard = lock.lock().map_err(|_| ())?;
-            drop(wake.wait_timeout(guard, period).map_err(|_| ())?);
-        }
-        Ok::<u64, ()>(clock_ns(Clock::ThreadCpu).saturating_sub(started))
-    });
-    match sleeper.map_err(|e| failed(&e.to_string()))?.join() {
-        Ok(Ok(ns)) => Ok(ns as f64 / ticks as f64),
+    let sleeper = std::thread::Builder::new()
+        .spawn(move || {
+            let (lock, wake) = (Mutex::new(()), Condvar::new());
+            let started = clock_ns(Clock::ThreadCpu);
+            for _ in 0..ticks {
+                let guard = lock.lock().map_err(|_| ())?;
+                drop(wake.wait_timeout(guard, period).map_err(|_| ())?);
+            }
+            Ok::<u64, ()>(clock_ns(Clock::ThreadCpu).saturating_sub(started))
+        })
+        .map_err(|e| failed(&e.to_string()))?;
+    // Joining makes no VM call: other Ruby threads run meanwhile.
+    match without_gvl(|_| sleeper.join(), None, IfRefused::RunWithGvl)? {
+        Some(Ok(Ok(ns))) => Ok(ns as f64 / ticks as f64),
         _ => Err(failed("the sleeping thread failed")),
     }
 }
@@ -173,16 +176,16 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
     // that much per program allocation and each sample costs ns_per_sample, instead of the
     // clocks; nil: the real clocks again. Starts a new budget period.
     testing.define_singleton_method("_native_set_cost_model", function!(set_cost_model, 3))?;
-    // The windowed sampler's in-window mean (allocations per sample inside a window) for windows
-    // opened from now on; returns the previous one. Benchmarks compare means side by side.
+    // The windowed sampler's in-window mean (allocations per sample inside a window) for the
+    // recorders made from now on; returns the previous one. Benchmarks compare means side by side.
     testing.define_singleton_method(
         "_native_set_window_sample_every",
         function!(set_window_sample_every, 1),
     )?;
     // The platform's floor under any window timer: a bare native thread that sleeps `ticks`
     // times on a condition variable with a timeout of `period_us` (as the window timer does) and
-    // wakes; returns its thread CPU time per wake, in ns. Blocks the caller for about
-    // ticks x period_us, GVL held (benchmarks only).
+    // wakes; returns its thread CPU time per wake, in ns. The caller waits for it (about
+    // ticks x period_us) with the GVL released.
     testing.define_singleton_method("_native_sleep_wake_floor", function!(sleep_wake_floor, 2))?;
     // Stage costs (thread CPU time per stage of our own work): on/off (zeroes them), and
     // [[stage, ns, count], ..., ["overhead_ns", a probe's own cost, 1]].

@@ -24,7 +24,7 @@ use magnus::{
 
 use crate::errors::{arg_error, heap_error, type_error, OrRaise};
 use crate::runtime::{self, guarded, Session, StartRefused};
-use crate::sampler::{Mode, SampleConfig};
+use crate::sampler::{self, Mode, SampleConfig};
 
 /// Most windows a second a session may ask for (each costs a few microseconds).
 pub const MAX_WINDOWS_PER_SECOND: f64 = 100_000.0;
@@ -134,7 +134,10 @@ impl Recorder {
             let mode = match windows_per_second {
                 None => Mode::Countdown,
                 Some(rate) if rate.is_finite() && rate > 0.0 && rate <= MAX_WINDOWS_PER_SECOND => {
-                    Mode::Windowed { per_second: rate }
+                    Mode::Windowed {
+                        per_second: rate,
+                        mean: sampler::window_sample_every(),
+                    }
                 }
                 Some(rate) => {
                     return Err(arg_error(

@@ -42,34 +42,44 @@ use credits::{apply_rescales, share_last_gap, Credited, Credits, MIN_RATE_GAP};
 pub use frame_names::frame_name;
 pub use sampled::sample;
 
-/// Mean allocations between two samples inside a window. Near where a sample's own cost (about
+/// Mean allocations between two samples inside a window: near where a sample's own cost (about
 /// 1.5 µs) spread over the interval matches the slow path every allocation in a window pays
-/// (about 28 ns on Ruby 3.1), which gives the most samples for the time spent.
+/// (about 28 ns on Ruby 3.1). Means of 32, 16 and 8 measured no cheaper (bench/window_mean.rb).
 pub const WINDOW_SAMPLE_EVERY: u64 = 64;
 
-/// The in-window mean in force: [`WINDOW_SAMPLE_EVERY`] unless a benchmark set another (see
-/// [`set_window_sample_every`]).
+/// The in-window mean that recorders made from now on take: [`WINDOW_SAMPLE_EVERY`] unless a
+/// benchmark set another (see [`set_window_sample_every`]). Read once per recorder, into its
+/// [`Mode`], never from the hook.
 static WINDOW_MEAN: AtomicU64 = AtomicU64::new(WINDOW_SAMPLE_EVERY);
 
-/// Benchmark aid: the in-window mean for windows opened from now on (a running session's windows
-/// shift with it; weights stay unbiased, since each window's share and its samples' intervals are
-/// drawn with the mean of their time). Returns the previous one.
+/// Benchmark aid: the in-window mean of the windowed recorders made from now on; returns the
+/// previous one.
 pub fn set_window_sample_every(every: u64) -> u64 {
     WINDOW_MEAN.swap(every.max(1), Ordering::Relaxed)
+}
+
+/// The in-window mean a windowed recorder made now takes.
+pub fn window_sample_every() -> u64 {
+    WINDOW_MEAN.load(Ordering::Relaxed)
 }
 
 /// How a session chooses its samples (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Mode {
     Countdown,
-    Windowed { per_second: f64 },
+    /// `per_second` windows a second on average; inside them, a sample every `mean` allocations
+    /// on average (see `SampleConfig::countdown_mean`).
+    Windowed {
+        per_second: f64,
+        mean: u64,
+    },
 }
 
 impl Mode {
     /// The windowed sampler's rate of windows; `None` for the countdown sampler.
     pub fn windows_per_second(self) -> Option<f64> {
         match self {
-            Mode::Windowed { per_second } => Some(per_second),
+            Mode::Windowed { per_second, .. } => Some(per_second),
             Mode::Countdown => None,
         }
     }
@@ -163,9 +173,7 @@ impl SampleConfig {
     fn countdown_mean(&self) -> u64 {
         match self.mode {
             Mode::Countdown => self.sample_every,
-            Mode::Windowed { .. } => (WINDOW_MEAN.load(Ordering::Relaxed))
-                .min(self.sample_every / 2)
-                .max(1),
+            Mode::Windowed { mean, .. } => mean.min(self.sample_every / 2).max(1),
         }
     }
 }
