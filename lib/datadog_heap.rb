@@ -167,6 +167,34 @@ module DatadogHeap
       "(about 10 windows a second next to a busy thread; DATADOG_HEAP_WINDOW_TIMER=native sends them anyway)"
   end
 
+  # Stops the window timer around `exec` (Kernel#exec, Kernel.exec, Process.exec) before Ruby
+  # 3.3, where the timer signals Ruby threads: a signal sent just before the exec can arrive
+  # after it, in the new program, where a real-time signal with no handler ends the process
+  # (puma's restart on SIGUSR1 died so). Only a failed exec returns, and the timer then goes on.
+  # Nothing else changes: the hooks and the recorders stay as they were.
+  def self.around_exec
+    _native_before_exec
+    yield
+  ensure
+    _native_after_failed_exec
+  end
+
+  # For the module functions Kernel.exec and Process.exec.
+  module ExecGuard
+    ruby2_keywords def exec(*args, &block)
+      DatadogHeap.around_exec { super }
+    end
+  end
+
+  # For Kernel#exec, private like the method it stands in front of.
+  module KernelExecGuard
+    private
+
+    ruby2_keywords def exec(*args, &block)
+      DatadogHeap.around_exec { super }
+    end
+  end
+
   # Stops all sampling before the first Ractor starts: allocation hooks are not Ractor-safe (on
   # Ruby 3.1 the VM itself crashes when a NEWOBJ hook runs while a Ractor allocates).
   module RactorGuard
@@ -216,6 +244,13 @@ Process.singleton_class.prepend(DatadogHeap::ForkHook)
 # at exit are still sampled up to then, and no timer outlives the program.
 at_exit { DatadogHeap._native_shutdown }
 Ractor.singleton_class.prepend(DatadogHeap::RactorGuard) if defined?(Ractor)
+# DATADOG_HEAP_EXEC_GUARD=0 leaves exec alone (then an exec while a windowed recorder runs can end
+# the new program with the timer's signal).
+if Gem::Version.new(RUBY_VERSION) < Gem::Version.new("3.3") && ENV["DATADOG_HEAP_EXEC_GUARD"] != "0"
+  Kernel.prepend(DatadogHeap::KernelExecGuard)
+  Kernel.singleton_class.prepend(DatadogHeap::ExecGuard)
+  Process.singleton_class.prepend(DatadogHeap::ExecGuard)
+end
 
 # The process-wide recorder.
 module DatadogHeap

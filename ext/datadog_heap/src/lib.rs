@@ -84,6 +84,12 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
         function!(runtime::stop_for_ractors, 0),
     )?;
     module.define_singleton_method("_native_window_tick", function!(window_tick, 0))?;
+    // Around `exec` (lib/datadog_heap.rb's ExecGuard): no timer signal may outlive the program.
+    module.define_singleton_method("_native_before_exec", function!(runtime::before_exec, 0))?;
+    module.define_singleton_method(
+        "_native_after_failed_exec",
+        function!(runtime::after_failed_exec, 0),
+    )?;
     // Runs the block as the gem's own work: the sampler skips what this thread allocates in it
     // (lib/datadog_heap.rb's DatadogHeap.own_work).
     module.define_singleton_method("_native_own_work", function!(runtime::own_work, 0))?;

@@ -50,6 +50,8 @@ struct Runtime {
     shut_down: bool,
     /// A Ractor was started: sampling stays off for good in this process.
     ractors_started: bool,
+    /// Threads inside `exec` (see `before_exec`): the timer stays stopped while any is.
+    execs_pending: u32,
     /// Test switch: a NEWOBJ hook that does nothing, to measure what any hook costs.
     empty_hook: bool,
     /// The process the list was last used in (see `after_fork`).
@@ -63,6 +65,7 @@ static RUNTIME: GvlCell<Runtime> = GvlCell::new(Runtime {
     timer_rate: None,
     shut_down: false,
     ractors_started: false,
+    execs_pending: 0,
     empty_hook: false,
     pid: 0,
 });
@@ -205,7 +208,8 @@ fn sync_hooks() {
         };
         let newobj = live().any(|s| s.sampler.wants_hook(s.config.mode));
         let gc_end = live().any(|s| s.config.mode == Mode::Countdown);
-        let timer = windows::timer_rate(live()).filter(|_| !r.shut_down);
+        let timer_off = r.shut_down || r.execs_pending > 0;
+        let timer = windows::timer_rate(live()).filter(|_| !timer_off);
         let timer_change = (r.timer_rate != timer).then_some(timer);
         (
             changed(&mut r.newobj_installed, newobj),
@@ -242,11 +246,32 @@ pub fn after_fork() {
         // No timer thread came along: `sync_hooks` below starts one again if a windowed
         // session still runs.
         windows::after_fork();
-        with(|r| r.timer_rate = None);
+        // Threads inside `exec` in the parent did not come along.
+        with(|r| {
+            r.timer_rate = None;
+            r.execs_pending = 0;
+        });
     }
     for session in sessions(|_| true) {
         let _ = session.after_fork();
     }
+    sync_hooks();
+}
+
+/// Called by `exec` (lib/datadog_heap.rb's ExecGuard) before it replaces the program: stops the
+/// window timer and waits for its thread to end. Before Ruby 3.3 that thread signals Ruby
+/// threads, and a signal sent to the thread about to exec can still be pending when the new
+/// program starts, whose handlers are back to the defaults: for a real-time signal that ends the
+/// process. Once the timer thread is joined, every signal it sent has reached this thread (the
+/// join's wait returns through the handler). The timer stays stopped until `after_failed_exec`.
+pub fn before_exec() {
+    with(|r| r.execs_pending += 1);
+    sync_hooks();
+}
+
+/// `exec` raised (no such program, say): the process goes on, and so does the timer.
+pub fn after_failed_exec() {
+    with(|r| r.execs_pending = r.execs_pending.saturating_sub(1));
     sync_hooks();
 }
 
