@@ -252,11 +252,12 @@ RSpec.describe "DatadogHeap.native_window_timer_safe?" do
     end
 
     # A failed exec returns (raises): the timer, stopped for it, runs again, and each form of
-    # exec keeps its visibility and its arguments (environment, options).
+    # exec keeps its visibility and its arguments (environment, options), and this process's.
     it "stops the timer while exec runs and starts it again when exec fails" do
       skip "exec is left alone from Ruby 3.3 on (no signals)" if Gem::Version.new(RUBY_VERSION) >= Gem::Version.new("3.3")
       rec = DatadogHeap::Recorder.new(windows_per_second: 50)
       rec.start
+      cwd = Dir.pwd
       seen = []
       program = Object.new
       # exec converts its arguments after the guard stopped the timer.
@@ -266,9 +267,11 @@ RSpec.describe "DatadogHeap.native_window_timer_safe?" do
       end
       expect { exec(program) }.to raise_error(Errno::ENOENT)
       expect { Kernel.exec({"X" => "1"}, program, "arg") }.to raise_error(Errno::ENOENT)
-      expect { Process.exec(program, chdir: "/") }.to raise_error(Errno::ENOENT)
+      # An option that changes nothing: a failed exec keeps what options like chdir: did.
+      expect { Process.exec(program, close_others: false) }.to raise_error(Errno::ENOENT)
       expect(seen).to eq([nil, nil, nil])
       expect(DatadogHeap::Testing._native_hooks[2]).to eq(50.0)
+      expect([Dir.pwd, ENV["X"]]).to eq([cwd, nil])
       expect { Object.new.exec("true") }.to raise_error(NoMethodError, /private method/)
     ensure
       rec&.stop
