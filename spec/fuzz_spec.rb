@@ -430,6 +430,23 @@ RSpec.describe "bad input (fuzz)", :heavy do
         .to raise_error(TypeError, 'sample_every must be an Integer, got [1..2, :a, "s", 2.5, nil] (Array)')
     end
 
+    # record_allocation built its locations message with inspect: a 100k-deep Array there once
+    # aborted Ruby 3.1 ("[BUG] system stack overflow during GC") in this spec's random run.
+    it "record_allocation's messages never run a user's inspect either, and show deep values briefly" do
+      inspected = 0
+      spy = Object.new
+      spy.define_singleton_method(:inspect) { inspected += 1; "spy" }
+      rec = manual_recorder
+      expect { rec.record_allocation(Object.new, locations: [spy]) }
+        .to raise_error(TypeError, /\Alocations\[0\] must be \[String, String, Integer\], got #<Object> \(Object\)\z/)
+      expect { rec.record_allocation(Object.new, locations: [["n", spy, 1]]) }.to raise_error(TypeError, /got \["n", #<Object>, 1\]/)
+      expect(inspected).to eq(0)
+      expect { rec.record_allocation(Object.new, locations: [FuzzInputs.nested(100_000)]) }
+        .to raise_error(TypeError, "locations[0] must be [String, String, Integer], got [[[[...1 elements]]]] (Array)")
+      expect { rec.record_allocation(1) }.to raise_error(ArgumentError, "obj must be a heap object, got 1 (Integer): immediates cannot be tracked")
+      expect(record(rec, Object.new)).to be(true)
+    end
+
     it "Recorder.new and the setters reject a BasicObject with TypeError" do
       expect { DatadogHeap::Recorder.new(sample_every: BasicObject.new) }
         .to raise_error(TypeError, "sample_every must be an Integer, got #<BasicObject> (BasicObject)")

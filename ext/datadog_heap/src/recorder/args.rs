@@ -24,6 +24,18 @@ pub fn integer(ruby: &Ruby, name: &str, value: Value) -> Result<i64, Error> {
         .map_err(|_| arg_error(ruby, format!("{name} is out of range: {}", value.inspect())))
 }
 
+/// `value` for an error message, as `DatadogHeap::Validate.describe` shows it (`"2" (String)`):
+/// briefly, and without running a user's inspect, which could raise, or recurse through a
+/// structure deep enough that a GC starting down there aborts Ruby 3.1 (the fuzz spec met it).
+/// `#<?>` when even that fails.
+fn describe(ruby: &Ruby, value: Value) -> String {
+    let shown = ruby
+        .define_module("DatadogHeap")
+        .and_then(|m| m.const_get::<_, magnus::RModule>("Validate"))
+        .and_then(|v| v.funcall::<_, _, RString>("describe", (value,)));
+    shown.map_or_else(|_| "#<?>".to_string(), owned_string)
+}
+
 /// A positive count that fits in 32 bits.
 pub fn positive_u32(ruby: &Ruby, name: &str, value: u64) -> Result<u32, Error> {
     if value == 0 {
@@ -73,7 +85,7 @@ fn convert_locations(
                 ruby,
                 format!(
                     "locations[{i}] must be [String, String, Integer], got {}",
-                    entry.inspect()
+                    describe(ruby, entry)
                 ),
             )
         };
@@ -119,9 +131,8 @@ pub fn record_allocation(
             return Err(arg_error(
                 ruby,
                 format!(
-                    "obj must be a heap object, got {} ({}): immediates cannot be tracked",
-                    object.inspect(),
-                    object.class().inspect()
+                    "obj must be a heap object, got {}: immediates cannot be tracked",
+                    describe(ruby, object)
                 ),
             ));
         }
