@@ -186,13 +186,10 @@ module DatadogHeap
     end
   end
 
-  # For Kernel#exec, private like the method it stands in front of.
+  # For Kernel#exec: the same method, private like the one it stands in front of.
   module KernelExecGuard
-    private
-
-    ruby2_keywords def exec(*args, &block)
-      DatadogHeap.around_exec { super }
-    end
+    include ExecGuard
+    private :exec
   end
 
   # Stops all sampling before the first Ractor starts: allocation hooks are not Ractor-safe (on

@@ -218,63 +218,64 @@ RSpec.describe "DatadogHeap.native_window_timer_safe?" do
     expect(countdown).to eq(before)
     expect(after - before).to contain_exactly(be_between(38, 64))
   end
+end
 
-  describe "exec" do
-    # A program that runs a windowed recorder at 20,000 windows a second beside a busy thread,
-    # then execs /bin/true, 20 times in fresh processes: how many of the new programs died of a
-    # signal. Before Ruby 3.3 a timer signal sent to the thread about to exec can be pending when
-    # the new program starts with default handlers, and a real-time signal's default ends it.
-    def signal_deaths(env = {})
-      script = <<~RUBY
-        rec = DatadogHeap::Recorder.new(windows_per_second: 20_000)
-        rec.start
-        Thread.new { o = nil; loop { o = Object.new } }
-        sleep 0.02
-        exec("/bin/true")
-      RUBY
-      lib = File.expand_path("../lib", __dir__)
-      statuses = Array.new(20) do
-        _, _, status = Open3.capture3(env, RbConfig.ruby, "-I", lib, "-rdatadog_heap", "-e", script)
-        status
-      end
-      expect(statuses.reject(&:signaled?)).to all(be_success)
-      statuses.count(&:signaled?)
-    end
-
-    it "never lets a timer signal end the program exec started" do
-      expect(signal_deaths).to eq(0)
-    end
-
-    it "is what keeps it alive before Ruby 3.3 (DATADOG_HEAP_EXEC_GUARD=0 leaves exec alone)" do
-      skip "the timer sends no signals from Ruby 3.3 on" if Gem::Version.new(RUBY_VERSION) >= Gem::Version.new("3.3")
-      # 37 of 40 died this way when it was measured.
-      expect(signal_deaths("DATADOG_HEAP_EXEC_GUARD" => "0")).to be > 0
-    end
-
-    # A failed exec returns (raises): the timer, stopped for it, runs again, and each form of
-    # exec keeps its visibility and its arguments (environment, options), and this process's.
-    it "stops the timer while exec runs and starts it again when exec fails" do
-      skip "exec is left alone from Ruby 3.3 on (no signals)" if Gem::Version.new(RUBY_VERSION) >= Gem::Version.new("3.3")
-      rec = DatadogHeap::Recorder.new(windows_per_second: 50)
+# exec while a windowed recorder runs (the guard of lib/datadog_heap.rb before Ruby 3.3).
+RSpec.describe "exec" do
+  # A program that runs a windowed recorder at 20,000 windows a second beside a busy thread,
+  # then execs /bin/true, 20 times in fresh processes: how many of the new programs died of a
+  # signal. Before Ruby 3.3 a timer signal sent to the thread about to exec can be pending when
+  # the new program starts with default handlers, and a real-time signal's default ends it.
+  def signal_deaths(env = {})
+    script = <<~RUBY
+      rec = DatadogHeap::Recorder.new(windows_per_second: 20_000)
       rec.start
-      cwd = Dir.pwd
-      seen = []
-      program = Object.new
-      # exec converts its arguments after the guard stopped the timer.
-      program.define_singleton_method(:to_str) do
-        seen << DatadogHeap::Testing._native_hooks[2]
-        "/nonexistent/datadog_heap-exec-spec"
-      end
-      expect { exec(program) }.to raise_error(Errno::ENOENT)
-      expect { Kernel.exec({"X" => "1"}, program, "arg") }.to raise_error(Errno::ENOENT)
-      # An option that changes nothing: a failed exec keeps what options like chdir: did.
-      expect { Process.exec(program, close_others: false) }.to raise_error(Errno::ENOENT)
-      expect(seen).to eq([nil, nil, nil])
-      expect(DatadogHeap::Testing._native_hooks[2]).to eq(50.0)
-      expect([Dir.pwd, ENV["X"]]).to eq([cwd, nil])
-      expect { Object.new.exec("true") }.to raise_error(NoMethodError, /private method/)
-    ensure
-      rec&.stop
+      Thread.new { o = nil; loop { o = Object.new } }
+      sleep 0.02
+      exec("/bin/true")
+    RUBY
+    lib = File.expand_path("../lib", __dir__)
+    statuses = Array.new(20) do
+      _, _, status = Open3.capture3(env, RbConfig.ruby, "-I", lib, "-rdatadog_heap", "-e", script)
+      status
     end
+    expect(statuses.reject(&:signaled?)).to all(be_success)
+    statuses.count(&:signaled?)
+  end
+
+  it "never lets a timer signal end the program exec started" do
+    expect(signal_deaths).to eq(0)
+  end
+
+  it "is what keeps it alive before Ruby 3.3 (DATADOG_HEAP_EXEC_GUARD=0 leaves exec alone)" do
+    skip "the timer sends no signals from Ruby 3.3 on" if Gem::Version.new(RUBY_VERSION) >= Gem::Version.new("3.3")
+    # 37 of 40 died this way when it was measured.
+    expect(signal_deaths("DATADOG_HEAP_EXEC_GUARD" => "0")).to be > 0
+  end
+
+  # A failed exec returns (raises): the timer, stopped for it, runs again, and each form of
+  # exec keeps its visibility and its arguments (environment, options), and this process's.
+  it "stops the timer while exec runs and starts it again when exec fails" do
+    skip "exec is left alone from Ruby 3.3 on (no signals)" if Gem::Version.new(RUBY_VERSION) >= Gem::Version.new("3.3")
+    rec = DatadogHeap::Recorder.new(windows_per_second: 50)
+    rec.start
+    cwd = Dir.pwd
+    seen = []
+    program = Object.new
+    # exec converts its arguments after the guard stopped the timer.
+    program.define_singleton_method(:to_str) do
+      seen << DatadogHeap::Testing._native_hooks[2]
+      "/nonexistent/datadog_heap-exec-spec"
+    end
+    expect { exec(program) }.to raise_error(Errno::ENOENT)
+    expect { Kernel.exec({"X" => "1"}, program, "arg") }.to raise_error(Errno::ENOENT)
+    # An option that changes nothing: a failed exec keeps what options like chdir: did.
+    expect { Process.exec(program, close_others: false) }.to raise_error(Errno::ENOENT)
+    expect(seen).to eq([nil, nil, nil])
+    expect(DatadogHeap::Testing._native_hooks[2]).to eq(50.0)
+    expect([Dir.pwd, ENV["X"]]).to eq([cwd, nil])
+    expect { Object.new.exec("true") }.to raise_error(NoMethodError, /private method/)
+  ensure
+    rec&.stop
   end
 end
