@@ -39,6 +39,39 @@ RSpec.describe "overhead budget" do
     expect(stats).to include(sampler_effective_sample_every: 100, sampler_overhead_ns_total: 0, sampler_budget_raises: 0)
   end
 
+  # What our samples make the VM do, which no clock of ours times, is charged as estimates: each
+  # allocation inside a window (the slow path and the hook, 32 ns) and, before Ruby 3.3, each
+  # object entered in the WeakMap (its finalizer, 2.5 µs). Without a budget nothing is charged.
+  it "charges estimates of the VM's share per allocation inside a window and per WeakMap entry" do
+    least = RecorderHelpers::GC_STRESSED ? 1 : 10 # commits; under full GC stress a few a second
+    result = in_child(60) do
+      run = lambda do |**options|
+        rec = DatadogHeap::Recorder.new(sampler: :windowed, sample_every: 128, **options)
+        rec.start
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 10
+        keep = []
+        while rec.stats[:lifetime_deferred_recordings_committed] < least && Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
+          keep = Array.new(1_000) { +"" }
+        end
+        rec.stop
+        rec.commit
+        keep.clear
+        rec.stats.slice(:sampler_overhead_estimated_ns, :sampler_overhead_ns_total, :sampler_window_allocations,
+          :lifetime_deferred_recordings_committed)
+      end
+      {budget: run.call(max_overhead: 0.5), none: run.call}
+    end
+    per_entry = (RUBY_VERSION < "3.3") ? 2_500 : 0
+    stats = result[:budget]
+    expect(stats[:lifetime_deferred_recordings_committed]).to be >= least
+    expect(stats[:sampler_window_allocations]).to be > 0
+    expect(stats[:sampler_overhead_estimated_ns])
+      .to eq(stats[:sampler_window_allocations] * 32 + stats[:lifetime_deferred_recordings_committed] * per_entry)
+    expect(stats[:sampler_overhead_ns_total]).to be >= stats[:sampler_overhead_estimated_ns]
+    expect(result[:none]).to include(sampler_overhead_estimated_ns: 0, sampler_overhead_ns_total: 0)
+    expect(result[:none][:lifetime_deferred_recordings_committed]).to be >= least
+  end
+
   it "stays within budget when the program allocates 10x faster mid-run, and keeps estimates unbiased" do
     result = in_child(120) do
       # Under GC stress a tenth of the allocations, each charged ten times the CPU time, and

@@ -11,24 +11,29 @@ mod args;
 mod live_objects;
 pub(crate) mod profile;
 mod retainers;
+mod stats;
 
 use std::sync::Arc;
 
 use datadog_heap_core::{
-    CommitOutcome, RecorderOptions, StatValue, UpdateKind, UpdateOutcome, MAX_FRAMES_LIMIT,
+    CommitOutcome, RecorderOptions, UpdateKind, UpdateOutcome, MAX_FRAMES_LIMIT,
 };
 use magnus::{
     function, method, prelude::*, rb_sys::AsRawValue, typed_data::Obj, value::ReprValue,
-    DataTypeFunctions, Error, IntoValue, RArray, RClass, RHash, RModule, Ruby, TypedData, Value,
+    DataTypeFunctions, Error, RArray, RClass, RHash, RModule, Ruby, TypedData, Value,
 };
 
 use crate::errors::{arg_error, heap_error, type_error, OrRaise};
 use crate::runtime::{self, guarded, Session, StartRefused};
 use crate::sampler::{self, Mode, SampleConfig};
 
+use crate::weak_map;
+
+pub(crate) use stats::stat_value;
+use stats::stats_hash;
+
 /// Most windows a second a session may ask for (each costs a few microseconds).
 pub const MAX_WINDOWS_PER_SECOND: f64 = 100_000.0;
-use crate::weak_map;
 
 #[derive(TypedData)]
 #[magnus(class = "DatadogHeap::Recorder", free_immediately, mark, size)]
@@ -220,7 +225,10 @@ impl Recorder {
             let outcome = session.with_vm(ruby, |vm| session.core.commit(vm))?;
             runtime::prune();
             match outcome {
-                CommitOutcome::Committed(n) => Ok(n),
+                CommitOutcome::Committed(n) => {
+                    session.sampler.budget.charge_commits(n);
+                    Ok(n)
+                }
                 CommitOutcome::SkippedLocked => Ok(0),
             }
         })
@@ -349,77 +357,6 @@ impl Recorder {
     pub fn session(&self) -> &Arc<Session> {
         &self.session
     }
-}
-
-/// One of the core's stat values as Ruby sees it: an Integer count or a Float ratio.
-pub(crate) fn stat_value(ruby: &Ruby, value: StatValue) -> Value {
-    match value {
-        StatValue::Count(c) => c.into_value_with(ruby),
-        StatValue::Ratio(r) => r.into_value_with(ruby),
-    }
-}
-
-/// `stats`: the core's counters (the reference's keys first), then the sampler's and the
-/// session's.
-fn stats_hash(ruby: &Ruby, session: &Session) -> Result<RHash, Error> {
-    let stats = session.core.stats().or_raise(ruby)?;
-    let hash = ruby.hash_new();
-    for (key, value) in stats.entries() {
-        hash.aset(ruby.to_symbol(key), stat_value(ruby, value))?;
-    }
-    hash.aset(ruby.to_symbol("last_commit_error"), session.job_error())?;
-    hash.aset(ruby.to_symbol("lifetime_job_errors"), session.job_errors())?;
-    let map = session.weak_map(ruby)?;
-    hash.aset(
-        ruby.to_symbol("weak_map_size"),
-        crate::weak_map::size(ruby, map)?,
-    )?;
-    let st = *session.sampler.stats.borrow();
-    for (key, value) in [
-        ("sampler_allocations_seen", st.allocations_seen),
-        ("sampler_samples_taken", st.samples_taken),
-        ("sampler_samples_recorded", st.samples_recorded),
-        ("sampler_skipped_internal", st.skipped_internal),
-        ("sampler_skipped_reentrant", st.skipped_reentrant),
-        ("sampler_skipped_by_recorder", st.skipped_by_recorder),
-        ("sampler_hook_errors", st.hook_errors),
-        ("sampler_time_ns_total", st.sampling_ns_total),
-        ("sampler_time_ns_max", st.sampling_ns_max),
-        ("sampler_windows_opened", st.windows_opened),
-        ("sampler_windows_still_open", st.windows_still_open),
-        ("sampler_window_gaps_shared", st.window_gaps_shared),
-        ("sampler_window_rescales_lost", st.window_rescales_lost),
-        ("sampler_window_allocations", st.window_allocations),
-    ] {
-        hash.aset(ruby.to_symbol(key), value)?;
-    }
-    // The overhead budget: the mean interval in force, our own time and the process CPU time it
-    // was measured against, the last period's share, and how often the interval moved.
-    let sampler = &session.sampler;
-    let budget = &sampler.budget;
-    let effective = sampler.effective(session.config).sample_every;
-    for (key, value) in [
-        ("sampler_asked_sample_every", session.config.sample_every),
-        ("sampler_effective_sample_every", effective),
-        (
-            "sampler_max_sample_every",
-            (session.config.sample_every as f64 * budget.max_scale.get()).round() as u64,
-        ),
-        ("sampler_overhead_ns_total", budget.spent_total_ns.get()),
-        ("sampler_overhead_cpu_ns", budget.measured_cpu_ns.get()),
-        ("sampler_budget_raises", budget.raises.get()),
-        ("sampler_budget_lowers", budget.lowers.get()),
-    ] {
-        hash.aset(ruby.to_symbol(key), value)?;
-    }
-    hash.aset(
-        ruby.to_symbol("sampler_last_overhead"),
-        budget.last_overhead.get(),
-    )?;
-    hash.aset(ruby.to_symbol("sampler_budget_note"), session.budget_note())?;
-    hash.aset(ruby.to_symbol("running"), session.is_running())?;
-    hash.aset(ruby.to_symbol("disabled_reason"), session.disabled_reason())?;
-    Ok(hash)
 }
 
 pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {

@@ -8,7 +8,7 @@ use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use datadog_heap_core::{HeapRecorder, RecorderOptions, UpdateKind};
+use datadog_heap_core::{CommitOutcome, HeapRecorder, RecorderOptions, UpdateKind};
 use magnus::{rb_sys::FromRawValue, Error, Ruby, Value};
 use rb_sys::VALUE;
 
@@ -288,8 +288,10 @@ impl Session {
     /// Its time counts against the overhead budget, which may then rescale the interval.
     pub fn commit_from_job(&self, ruby: &Ruby) {
         self.own_work(false, || {
-            if let Err(e) = self.with_vm(ruby, |vm| self.core.commit(vm)) {
-                self.keep_job_error(e);
+            match self.with_vm(ruby, |vm| self.core.commit(vm)) {
+                Ok(CommitOutcome::Committed(n)) => self.sampler.budget.charge_commits(n),
+                Ok(CommitOutcome::SkippedLocked) => {}
+                Err(e) => self.keep_job_error(e),
             }
         });
         (self.sampler.budget).maybe_adjust(super::busy::program_allocations);

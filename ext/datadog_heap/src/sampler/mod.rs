@@ -273,10 +273,10 @@ impl SamplerState {
             true => (length as u64).clamp(1, u64::MAX / 4),
             false => u64::MAX / 4,
         };
+        let covered = length.min(gap.max(1));
         stats.windows_opened += 1;
-        stats.window_allocations = stats
-            .window_allocations
-            .saturating_add(length.min(gap.max(1)));
+        stats.window_allocations = stats.window_allocations.saturating_add(covered);
+        self.budget.charge_window(covered);
         self.window.set(Window {
             open: true,
             left: length,
