@@ -24,7 +24,9 @@ module DatadogHeap
   #   only with the windowed sampler (given without sampler:, it chooses it). More windows,
   #   shorter ones: the same samples, spread finer.
   # - max_overhead: the overhead budget, the largest share of the process's CPU time the
-  #   sampler's own work (sampled hook calls, commits, young updates) may take (0 < share <= 1;
+  #   sampler's own work (sampled hook calls, commits, young updates, and an estimate of what
+  #   its samples make the VM do: slow-path allocations inside windows, WeakMap finalizers
+  #   before Ruby 3.3) may take (0 < share <= 1;
   #   nil: no budget). Default: 0.01 (1%) when sample_every is the gem's own default; none when
   #   sample_every is given, so an interval asked for is the interval used. Over it, the sampler
   #   raises its mean interval above sample_every; it lowers it back when there is room. Each
