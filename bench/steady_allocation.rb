@@ -4,9 +4,9 @@
 # starts a recorder for each 3M-allocation run (about 0.2 s), shorter than one budget period
 # (250 ms), so it measures the default interval as asked; a long-running process samples at the
 # interval the budget chooses. Here one default recorder per process is started and stopped
-# around alternate runs of the loop (stop keeps its budget's interval), for ROUNDS rounds, and each
-# "on" run is compared with the "off" run beside it (before it in even rounds, after it in odd). The first PRIMING rounds are left out (the
-# budget's first periods).
+# around alternate runs of the loop (stop keeps its budget's interval), for ROUNDS rounds, and
+# each "on" run is compared with the "off" run beside it (before it in even rounds, after it in
+# odd). The first PRIMING rounds are left out (the budget's first periods).
 #
 # Each measurement runs in a child process (`ruby -I LIB`), so two builds can be compared in one
 # run: STEADY_COMPARE_LIB=DIR (another build's lib/ directory, its extension built) alternates

@@ -26,7 +26,6 @@ use magnus::{
 use crate::errors::{arg_error, heap_error, type_error, OrRaise};
 use crate::runtime::{self, guarded, Session, StartRefused};
 use crate::sampler::{self, Mode, SampleConfig};
-
 use crate::weak_map;
 
 pub(crate) use stats::stat_value;

@@ -60,8 +60,9 @@ pub const WINDOW_NS_PER_ALLOCATION: u64 = 32;
 /// An entry in the WeakMap beyond the `WeakMap#[]=` call the commit times. Before Ruby 3.3 the
 /// map defines a finalizer on the object, which runs when it dies and keeps it as a zombie for one
 /// more GC: `bench/window_cost.rb` measured 2.7-5.0 µs an entry in all on 3.1, of which the
-/// timed call is about 0.7 µs, so 2.0-4.3 µs beyond it. From 3.3 the map holds its entries weakly, without finalizers (0.9 µs in
-/// all on 3.3, 0.1 on 3.4, the timed call included), so nothing is added.
+/// timed call is about 0.7 µs, so 2.0-4.3 µs beyond it. From 3.3 the map holds its entries
+/// weakly, without finalizers (0.9 µs in all on 3.3, 0.1 on 3.4, the timed call included), so
+/// nothing is added.
 #[cfg(not(ruby_gte_3_3))]
 pub const WEAK_MAP_DEATH_NS: u64 = 2_500;
 #[cfg(ruby_gte_3_3)]
