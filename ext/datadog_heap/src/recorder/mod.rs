@@ -221,13 +221,10 @@ impl Recorder {
     /// about once (`with_session`) and kept in `stats[:last_commit_error]`.
     fn commit(ruby: &Ruby, rb_self: &Self) -> Result<usize, Error> {
         with_session(ruby, rb_self, |session| {
-            let outcome = session.with_vm(ruby, |vm| session.core.commit(vm))?;
+            let outcome = session.commit(ruby)?;
             runtime::prune();
             match outcome {
-                CommitOutcome::Committed(n) => {
-                    session.sampler.budget.charge_commits(n);
-                    Ok(n)
-                }
+                CommitOutcome::Committed(n) => Ok(n),
                 CommitOutcome::SkippedLocked => Ok(0),
             }
         })

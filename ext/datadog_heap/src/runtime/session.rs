@@ -284,14 +284,22 @@ impl Session {
         }
     }
 
+    /// Commits the pending recordings into the WeakMap, and charges the budget for the entries
+    /// made (their finalizers before Ruby 3.3, see `Budget::charge_commits`), whoever asked.
+    pub fn commit(&self, ruby: &Ruby) -> Result<CommitOutcome, Error> {
+        let outcome = self.with_vm(ruby, |vm| self.core.commit(vm))?;
+        if let CommitOutcome::Committed(n) = outcome {
+            self.sampler.budget.charge_commits(n);
+        }
+        Ok(outcome)
+    }
+
     /// The commit from the postponed job: errors are kept, never raised.
     /// Its time counts against the overhead budget, which may then rescale the interval.
     pub fn commit_from_job(&self, ruby: &Ruby) {
         self.own_work(false, || {
-            match self.with_vm(ruby, |vm| self.core.commit(vm)) {
-                Ok(CommitOutcome::Committed(n)) => self.sampler.budget.charge_commits(n),
-                Ok(CommitOutcome::SkippedLocked) => {}
-                Err(e) => self.keep_job_error(e),
+            if let Err(e) = self.commit(ruby) {
+                self.keep_job_error(e);
             }
         });
         (self.sampler.budget).maybe_adjust(super::busy::program_allocations);
