@@ -8,56 +8,56 @@
 # each "on" run is compared with the "off" run beside it (before it in even rounds, after it in
 # odd). The first PRIMING rounds are left out (the budget's first periods).
 #
-# Each measurement runs in a child process (`ruby -I LIB`), so two builds can be compared in one
+# Each measurement runs in a child process (Bench.child), so two builds can be compared in one
 # run: STEADY_COMPARE_LIB=DIR (another build's lib/ directory, its extension built) alternates
 # that build's children with this one's. STEADY_CASES="BasicObject.new" picks the loops.
 #
 # Run: rake bench:steady_allocation (or ruby -Ilib bench/steady_allocation.rb; BENCH_SMOKE=1 for
 # a quick run)
 require_relative "support"
-require "open3"
 
 ROUNDS = Bench.pick(9, 2)
 PRIMING = Bench.pick(2, 0)
 N = Bench.pick(10_000_000, 200_000)
 REPEATS = Bench.pick(3, 1) # child processes per build and case, alternating builds
-LIBS = {"this build" => File.expand_path("../lib", __dir__)}
+LIBS = {"this build" => BENCH_LIB}
 LIBS[ENV["STEADY_COMPARE_LIB"]] = File.expand_path(ENV["STEADY_COMPARE_LIB"]) if ENV["STEADY_COMPARE_LIB"]
 
 CASES = {
-  "BasicObject.new" => "i = 0; while i < n; o = BasicObject.new; i += 1; end; o && nil",
-  "mix: [i, i], String, Hash" => "s = +'small'; i = 0; while i < n; o = [i, i]; o = s.dup; o = {a: i}; i += 3; end; o && nil",
+  "BasicObject.new" => ->(n) { i = 0; while i < n; o = BasicObject.new; i += 1; end; o && nil },
+  "mix: [i, i], String, Hash" => lambda do |n|
+    s = +"small"
+    i = 0
+    while i < n
+      o = [i, i]
+      o = s.dup
+      o = {a: i}
+      i += 3
+    end
+    o && nil
+  end,
 }.freeze
 SELECTED = ENV["STEADY_CASES"] ? CASES.slice(*ENV["STEADY_CASES"].split(",")) : CASES
 abort "STEADY_CASES names none of: #{CASES.keys.join(", ")}" if SELECTED.empty?
 
-# The child: prints one JSON line with the per-round ratios and the budget's state at the end.
-CHILD = <<~RUBY
-  require "datadog_heap"
-  require "json"
-  n = Integer(ARGV[0]); rounds = Integer(ARGV[1]); priming = Integer(ARGV[2])
-  work = eval("->(n) { \#{ARGV[3]} }")
-  cpu = -> { Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID) }
-  timed = ->(&blk) { GC.start; t = cpu.call; blk.call; cpu.call - t }
-  work.call(n / 10)
+# The child (`--child CASE`): prints one JSON line with the per-round ratios and the budget's
+# state at the end.
+if ARGV[0] == "--child"
+  work = CASES.fetch(ARGV[1])
+  timed = ->(&blk) { GC.start; Bench.cpu_time(&blk) }
+  work.call(N / 10)
   rec = DatadogHeap::Recorder.new
-  on_run = -> { rec.start; t = timed.call { work.call(n) }; rec.stop; t }
-  ratios = Array.new(rounds) do |round|
+  on_run = -> { rec.start; t = timed.call { work.call(N) }; rec.stop; t }
+  ratios = Array.new(ROUNDS) do |round|
     on = on_run.call if round.odd?
-    off = timed.call { work.call(n) }
+    off = timed.call { work.call(N) }
     on ||= on_run.call
     off / on
   end
   s = rec.stats
-  puts JSON.generate(ratios: ratios.drop(priming), interval: s[:sampler_effective_sample_every],
-    last_share: s[:sampler_last_overhead], estimated: s[:sampler_overhead_estimated_ns].to_f / [s[:sampler_overhead_ns_total], 1].max,
-    samples: s[:sampler_samples_taken])
-RUBY
-
-def child(lib, code)
-  out, err, status = Open3.capture3(RbConfig.ruby, "-I", lib, "-e", CHILD, N.to_s, ROUNDS.to_s, PRIMING.to_s, code)
-  raise "child failed (#{status}): #{err}" unless status.success?
-  JSON.parse(out.lines.last, symbolize_names: true)
+  puts JSON.generate(ratios: ratios.drop(PRIMING), interval: s[:sampler_effective_sample_every],
+    last_share: s[:sampler_last_overhead], estimated: s[:sampler_overhead_estimated_ns].to_f / [s[:sampler_overhead_ns_total], 1].max)
+  exit
 end
 
 Bench.header("bench/steady_allocation.rb: throughput at the defaults once the budget settled",
@@ -65,9 +65,9 @@ Bench.header("bench/steady_allocation.rb: throughput at the defaults once the bu
    "throughput: median over rounds of (CPU of the off run / CPU of the on run beside it)"])
 
 rows = []
-SELECTED.each do |name, code|
+SELECTED.each_key do |name|
   results = Hash.new { |h, k| h[k] = [] }
-  REPEATS.times { LIBS.each { |label, lib| results[label] << child(lib, code) } }
+  REPEATS.times { LIBS.each { |label, lib| results[label] << Bench.child(__FILE__, "--child", name, lib: lib) } }
   results.each do |label, runs|
     rows << [name, label, format("%.3f×", Bench.median(runs.flat_map { |r| r[:ratios] })),
       runs.map { |r| format("%.3f", Bench.median(r[:ratios])) }.join(" / "),

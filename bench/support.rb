@@ -7,7 +7,10 @@
 # BENCH_SMOKE=1 shrinks every bench to a few seconds (CI runs them that way so they cannot rot);
 # the numbers it prints are not worth quoting.
 
-$LOAD_PATH.unshift(File.expand_path("../lib", __dir__))
+# This checkout's lib/, unless `ruby -I DIR` named another build's (a bench's child comparing two
+# builds, see Bench.child): the gem a bench measures is the one its command line names.
+BENCH_LIB = File.expand_path("../lib", __dir__)
+$LOAD_PATH.unshift(BENCH_LIB) unless $LOAD_PATH.any? { |dir| File.file?(File.join(dir, "datadog_heap.rb")) }
 require "datadog_heap"
 require "etc"
 require "json"
@@ -186,10 +189,11 @@ module Bench
     0
   end
 
-  # Runs `ruby -Ilib script args...` and returns the JSON object it prints last on stdout. For
-  # benches that want one clean process per measurement (RSS, peak RSS).
-  def child(script, *args, env: {})
-    cmd = [RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), script, *args.map(&:to_s)]
+  # Runs `ruby -I lib script args...` and returns the JSON object it prints last on stdout. For
+  # benches that want one clean process per measurement (RSS, peak RSS), or another build's gem
+  # (`lib`: its lib/ directory, its extension built).
+  def child(script, *args, env: {}, lib: BENCH_LIB)
+    cmd = [RbConfig.ruby, "-I", lib, script, *args.map(&:to_s)]
     out = IO.popen(env, cmd, &:read)
     raise "#{cmd.join(" ")} failed (exit #{$?.exitstatus})" unless $?.success?
 
