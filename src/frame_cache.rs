@@ -56,12 +56,22 @@ pub struct FrameCache {
 
 impl FrameCache {
     /// Makes the cache serve `epoch`: a new epoch (or a full cache) gives back every id first.
-    pub fn enter(&mut self, strings: &mut Batch<'_>, epoch: u64) -> Result<()> {
+    /// Returns whether it emptied the cache (the stack cache must then be emptied too: it relies
+    /// on this cache's handles being marked).
+    pub fn enter(&mut self, strings: &mut Batch<'_>, epoch: u64) -> Result<bool> {
         if self.epoch != epoch || self.frames.len() >= FRAME_CACHE_MAX_FRAMES {
             self.clear(strings)?;
             self.epoch = epoch;
+            return Ok(true);
         }
-        Ok(())
+        Ok(false)
+    }
+
+    /// Keeps `handles` for the GC mark without frames: those of a stack cache key whose frames
+    /// were named without per-frame keys (a source that has none), so the stack cache can rely
+    /// on this cache for every key it holds. Allocates (Rust allocator) to grow the set.
+    pub fn hold(&mut self, handles: &[u64]) {
+        self.handles.extend(handles.iter().copied());
     }
 
     pub fn get(&self, key: &FrameKey) -> Option<Frame> {

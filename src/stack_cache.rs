@@ -3,10 +3,14 @@
 //! sampler naming every frame and interning every name again.
 //!
 //! What makes a hit trustworthy:
-//! - Frame handles are only stable while something keeps them alive and unmoved. The binding
-//!   marks (and so pins) every handle the cache holds at every GC ([`StackCache::for_each_handle`]);
-//!   when it could not, it starts a new period. The caller says which period a key belongs to
-//!   (`epoch`); an entry filled in another period never matches.
+//! - Frame handles are only stable while something keeps them alive and unmoved. This cache
+//!   marks nothing itself: the recorder fills a slot only once the key's handles are in its frame
+//!   cache (`crate::frame_cache`), whose distinct handles the binding marks (and so pins) at
+//!   every GC, and it empties this cache whenever the frame cache empties. (Marking each slot's
+//!   copy of its handles too cost a minor GC of rubocop 0.24 ms more: 512 slots of about a
+//!   hundred frames, mostly the same handles.) When a GC could not mark, the binding starts a
+//!   new period. The caller says which period a key belongs to (`epoch`); an entry filled in
+//!   another period never matches.
 //! - The cache holds no reference in the recorder (no heap record count, no string id). An entry
 //!   keeps its stack with the record's [`Claims`]: the recorder reuses the stack only while the
 //!   claims say its record has not been given back, so its references still keep its string ids
@@ -16,12 +20,11 @@
 //!   handle and line, not element by element: the slot's copy of a 47-frame key is nine cache
 //!   lines, which a service's allocations evict between two samples (a micro-benchmark with the
 //!   caches evicted: 1.7 µs a hit with the element compare). Two different stacks of one length
-//!   would have to agree on both hashes to be confused. The slot keeps the key's handles for the
-//!   binding's GC mark.
+//!   would have to agree on both hashes to be confused.
 //!
 //! Fixed size and direct-mapped: each key has one slot, a newer key takes it over. The table is
-//! built once; filling a slot reuses its buffers, so it allocates only when a key is longer
-//! than any that slot held before. Needs no lock: the recorder's state owns it.
+//! built once; filling a slot allocates nothing (the stack is shared). Needs no lock: the
+//! recorder's state owns it.
 
 use std::hash::Hasher;
 
@@ -36,9 +39,8 @@ use crate::stack::{Claims, Frame, RawFrame, Stack};
 /// Slots in a recorder's stack cache (a power of two).
 pub const STACK_CACHE_SLOTS: usize = 512;
 
-/// Longest key kept. Deeper captures are not cached (always named), so the key buffers stay
-/// under slots x 1024 x 12 bytes (6 MiB) however deep the program recurses; typical stacks of
-/// tens to a few hundred frames take a small fraction of that.
+/// Longest key kept. Deeper captures are not cached (always named): a recursion that deep
+/// rarely repeats exactly, and the frame cache would have to keep every handle of the key.
 pub const STACK_CACHE_MAX_KEY_FRAMES: usize = 1024;
 
 /// The raw identity of one captured stack. Equal keys in one epoch must resolve to equal frames.
@@ -131,8 +133,8 @@ struct Slot {
     check: u64,
     salt: u64,
     epoch: u64,
-    /// The key's handles (its length is the key's), for the GC mark.
-    frames: Vec<u64>,
+    /// The key's length in frames.
+    len: usize,
     /// The stack and its heap record's claims; `None` for an empty slot. With the claims a hit
     /// raises the record's count without looking the stack up among the records (nine cache
     /// lines fewer for a stack of 47 frames, in a service whose allocations evicted them since
@@ -146,7 +148,7 @@ impl Slot {
             && self.hash == hash
             && self.epoch == key.epoch
             && self.salt == key.salt
-            && self.frames.len() == key.frames.len()
+            && self.len == key.frames.len()
             && self.check == key.check()
     }
 }
@@ -221,8 +223,9 @@ impl StackCache {
         }
     }
 
-    /// Stores `stack` and its record's `claims` for `key`, replacing what its slot held.
-    /// Allocates only to grow the slot's buffer.
+    /// Stores `stack` and its record's `claims` for `key`, replacing what its slot held. The
+    /// caller keeps the key's handles alive and unmoved for as long as the entry stays (see the
+    /// module docs). Allocates nothing.
     pub fn insert(&mut self, key: &RawStackKey<'_>, stack: &Stack, claims: Rc<Claims>) {
         if !self.accepts(key) {
             return;
@@ -235,8 +238,7 @@ impl StackCache {
         slot.check = key.check();
         slot.salt = key.salt;
         slot.epoch = key.epoch;
-        slot.frames.clear();
-        slot.frames.extend_from_slice(key.frames);
+        slot.len = key.frames.len();
         slot.entry = Some((stack.clone(), claims));
     }
 
@@ -245,15 +247,6 @@ impl StackCache {
     pub fn clear(&mut self) {
         for slot in self.slots.iter_mut() {
             slot.entry = None;
-        }
-    }
-
-    /// Calls `f` with every frame handle a filled slot holds, so the binding can keep them alive
-    /// (and unmoved) for as long as they are cached: then a handle never names another frame
-    /// while its slot is filled, and entries outlive GCs. Never allocates.
-    pub fn for_each_handle(&self, mut f: impl FnMut(u64)) {
-        for slot in self.slots.iter().filter(|s| s.entry.is_some()) {
-            slot.frames.iter().for_each(|&h| f(h));
         }
     }
 
@@ -270,16 +263,10 @@ impl StackCache {
         self.enabled && !self.slots.is_empty()
     }
 
-    /// Approximate heap bytes held: the table and the key buffers. The stacks are counted with
-    /// the heap records (one that only the cache still points at is freed when its slot is
-    /// reused or cleared).
+    /// Approximate heap bytes held: the table. The stacks are counted with the heap records
+    /// (one that only the cache still points at is freed when its slot is reused or cleared).
     pub fn memsize(&self) -> usize {
         self.slots.len() * std::mem::size_of::<Slot>()
-            + self
-                .slots
-                .iter()
-                .map(|s| s.frames.capacity() * std::mem::size_of::<u64>())
-                .sum::<usize>()
     }
 }
 

@@ -110,7 +110,7 @@ impl HeapRecorder {
         match self.caches.try_borrow() {
             // Handles of an older epoch may have been freed: marking one could touch a dead slot.
             Ok(caches) if caches.epoch == self.handle_epoch() => {
-                caches.stacks.for_each_handle(&mut mark);
+                // The stack cache's keys are among these (see stack_cache.rs).
                 caches.frames.for_each_handle(&mut mark);
             }
             Ok(_) => {}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::fake_vm::FakeVm;
-use crate::frame_cache::FrameKey;
+use crate::frame_cache::{FrameKey, FRAME_CACHE_MAX_FRAMES};
 use crate::stack::{Frame, RawFrame};
 use crate::stack_cache::FrameSource;
 use crate::stack_cache::RawStackKey;
@@ -138,4 +138,52 @@ fn shared_frames_are_named_once_per_epoch_and_references_balance() {
     for id in 1..20 {
         assert!(strings.get(id).is_err(), "string id {id} still referenced");
     }
+}
+
+#[test]
+fn a_frame_cache_that_fills_up_empties_the_stack_cache_whose_handles_it_keeps() {
+    let rec = HeapRecorder::default();
+    rec.reserve_stack_cache().unwrap();
+    let mut vm = FakeVm::new();
+    let epoch = rec.handle_epoch();
+    let mut record = |source: &Keyed| {
+        let obj = vm.alloc(40);
+        let r = rec.record_allocation_from(obj, 1, Some("String"), source, 0);
+        assert_eq!(r.unwrap().outcome, RecordOutcome::Pending);
+        obj
+    };
+    let marked = |rec: &HeapRecorder| {
+        let mut marked = Vec::new();
+        rec.mark_cached_handles(|h| marked.push(h));
+        marked.sort_unstable();
+        marked
+    };
+    let hits = |rec: &HeapRecorder| rec.stats().unwrap().lifetime.stack_cache_hits;
+    let site = Keyed::new(&[100, 200], &["inner", "outer"], epoch, 0);
+    record(&site);
+    record(&site);
+    assert_eq!(hits(&rec), 1);
+    assert_eq!(
+        marked(&rec),
+        vec![100, 200],
+        "the stack cache's key, through the frame cache"
+    );
+
+    // Distinct frames (one handle each) until the frame cache is full...
+    let names = vec!["filler"; 1000];
+    let mut next = 1_000u64;
+    while next - 1_000 < FRAME_CACHE_MAX_FRAMES as u64 {
+        let handles: Vec<u64> = (next..next + 1000).collect();
+        next += 1000;
+        record(&Keyed::new(&handles, &names, epoch, 0));
+    }
+    // ...so the next miss empties it, and the stack cache with it: the site's entry, whose
+    // handles no GC marks any more, is not a hit.
+    record(&Keyed::new(&[300], &["other"], epoch, 0));
+    assert_eq!(marked(&rec), vec![300]);
+    let before = hits(&rec);
+    record(&site);
+    assert_eq!(hits(&rec), before);
+    assert_eq!(site.named.get(), 4, "both frames named again");
+    assert_eq!(marked(&rec), vec![100, 200, 300]);
 }

@@ -8,8 +8,9 @@ use super::{
     MAX_PENDING_RECORDINGS,
 };
 use crate::error::{HeapError, Result, FIXNUM_MAX};
+use crate::frame_cache::FrameCache;
 use crate::stack::{RawFrame, Stack};
-use crate::stack_cache::FrameSource;
+use crate::stack_cache::{FrameSource, StackCache};
 use crate::strings::Batch;
 use crate::vm::ObjectRef;
 
@@ -45,8 +46,7 @@ fn acquire_stack<S: FrameSource + ?Sized>(
         false => None,
     };
     let stack = match epoch {
-        Some(epoch) => frames
-            .enter(strings, epoch)
+        Some(epoch) => enter_frame_cache(frames, stacks, strings, epoch)
             .and_then(|()| heap_records.acquire_cached(strings, frames, &keys, source)),
         None => source.with_frames(&mut |named| heap_records.acquire(strings, named)),
     };
@@ -54,9 +54,28 @@ fn acquire_stack<S: FrameSource + ?Sized>(
     frames.keys = keys;
     let stack = stack?;
     if let (Some(key), Some(claims)) = (&key, heap_records.claims_of(&stack)) {
+        if epoch.is_none() {
+            enter_frame_cache(frames, stacks, strings, key.epoch)?;
+            frames.hold(key.frames);
+        }
         stacks.insert(key, &stack, claims);
     }
     Ok(stack)
+}
+
+/// Makes the frame cache serve `epoch`, emptying the stack cache when it empties the frame
+/// cache: the stack cache marks none of its keys' handles, the frame cache keeps them (see
+/// stack_cache.rs).
+fn enter_frame_cache(
+    frames: &mut FrameCache,
+    stacks: &mut StackCache,
+    strings: &mut Batch<'_>,
+    epoch: u64,
+) -> Result<()> {
+    if frames.enter(strings, epoch)? {
+        stacks.clear();
+    }
+    Ok(())
 }
 
 impl HeapRecorder {

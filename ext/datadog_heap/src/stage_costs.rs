@@ -1,6 +1,6 @@
 //! Stage costs: time spent in each stage of our own work (the sampled path of the hook and its
-//! parts, the commit job and its WeakMap writes, the young-update job), for `DatadogHeap::Testing`
-//! and the cost tables in docs/performance.md. Off by default: when off, each probe is one
+//! parts, the commit job and its WeakMap writes, the young-update job, the GC mark), for
+//! `DatadogHeap::Testing` and the cost tables in docs/performance.md. Off by default: when off, each probe is one
 //! relaxed atomic load and a branch. When on, each probe reads the monotonic clock twice (vDSO,
 //! about 20–30 ns a read, so nested probes barely disturb each other) and adds the time to its
 //! stage's total and to a log-linear histogram, from which `snapshot` reports the median: a
@@ -31,9 +31,12 @@ pub enum Stage {
     /// The window job (windowed sampler): opening windows, installing the hook. (A window's
     /// close, the hook's removal, is in the commit job that follows it.)
     Window,
+    /// A recorder's GC mark function: the weak map, the pending objects and the frame handles
+    /// the caches keep (inside a GC, at every GC, minor ones included).
+    Mark,
 }
 
-const STAGES: usize = 8;
+const STAGES: usize = 9;
 const NAMES: [&str; STAGES] = [
     "sample",
     "capture",
@@ -43,6 +46,7 @@ const NAMES: [&str; STAGES] = [
     "weak_map_set",
     "young_update",
     "window",
+    "mark",
 ];
 
 static ENABLED: AtomicBool = AtomicBool::new(false);

@@ -16,6 +16,7 @@ use crate::errors::heap_error;
 use crate::ruby_vm::RubyVm;
 use crate::sampler::{SampleConfig, SamplerState};
 use crate::shims;
+use crate::stage_costs::{self, Stage};
 
 /// The overhead budget's raise was warned about (once per process, see `take_notices`).
 static BUDGET_WARNED: AtomicBool = AtomicBool::new(false);
@@ -122,11 +123,13 @@ impl Session {
     /// weakly, which is how we learn they died. Called from mark functions; never allocates,
     /// raises or panics.
     pub fn mark(&self) {
+        let probe = stage_costs::start(Stage::Mark);
         shims::gc_mark(self.weak_map.get());
         // The queue and the caches are never borrowed across an allocation, so a GC finds them
         // free (if not, the core starts a new handle epoch).
         let _ = (self.core).for_each_pending_object(|object| shims::gc_mark(object as VALUE));
         (self.core).mark_cached_handles(|handle| shims::gc_mark(handle as VALUE));
+        probe.end();
     }
 
     pub fn mark_dropped(&self) {
