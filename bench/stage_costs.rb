@@ -76,7 +76,7 @@ sampler = ENV.fetch("SAMPLER", "windowed").to_sym
 Bench.header("bench/stage_costs.rb: per-sample cost by stage on a request-shaped workload",
   ["#{sampler} sampler, sample_every 1024, no budget, #{ROUNDS} runs of #{SECONDS_PER_RUN} s; medians (means) in µs"])
 runs = Array.new(ROUNDS) { run_once(sampler) }
-names = %w[capture naming record sample commit weak_map_set young_update window]
+names = %w[capture naming record sample commit weak_map_set young_update window mark]
 rows = names.map do |name|
   cells = runs.map do |stages, _|
     ns, count, median = stages.fetch(name, [0, 0, 0])
