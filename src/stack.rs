@@ -128,7 +128,7 @@ impl HeapRecords {
     }
 
     /// A new record for the frames in `scratch`, claimed once; its ids are its own references.
-    fn insert_scratch(&mut self) -> Stack {
+    fn insert_scratch(&mut self) -> (Stack, Rc<Claims>) {
         let stack: Stack = Arc::from(self.scratch.as_slice());
         self.refs += refs_of(&stack);
         let claims = Rc::new(Claims {
@@ -136,8 +136,8 @@ impl HeapRecords {
             used: Cell::new(true),
             gone: Cell::new(false),
         });
-        self.records.insert(stack.clone(), claims);
-        stack
+        self.records.insert(stack.clone(), claims.clone());
+        (stack, claims)
     }
 
     /// Gives back every dormant record that was not claimed since the last sweep (`all`: every
@@ -205,20 +205,21 @@ impl HeapRecords {
             claim(claims, &mut self.dormant)?;
             return Ok(stack.clone());
         }
-        Ok(self.insert_scratch())
+        Ok(self.insert_scratch().0)
     }
 
     /// [`HeapRecords::acquire`] for a source with per-frame keys: frames the frame cache knows
     /// are taken from it, the others named by `source` and added to it; then an equal stack that
     /// is a heap record already is shared (interning nothing), else a new record takes its own
     /// references on the ids. `keys` are the kept frames' keys (from `source.frame_keys`).
+    /// Returns the record's claims too, for the stack cache (no second lookup).
     pub fn acquire_cached<S: FrameSource + ?Sized>(
         &mut self,
         strings: &mut Batch<'_>,
         cache: &mut FrameCache,
         keys: &[FrameKey],
         source: &S,
-    ) -> Result<Stack> {
+    ) -> Result<(Stack, Rc<Claims>)> {
         if keys.len() + 1 > MAX_FRAMES_LIMIT {
             return Err(HeapError::TooManyFrames {
                 frames: keys.len(),
@@ -254,7 +255,7 @@ impl HeapRecords {
                 strings.unintern(name)?;
             }
             claim(claims, &mut self.dormant)?;
-            return Ok(stack.clone());
+            return Ok((stack.clone(), claims.clone()));
         }
         // A new record: its own reference on each id the cache lent (the marker has one).
         let lent = self.scratch.len() - usize::from(marker.is_some());

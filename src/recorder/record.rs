@@ -45,15 +45,21 @@ fn acquire_stack<S: FrameSource + ?Sized>(
         true => source.frame_keys(&mut keys),
         false => None,
     };
-    let stack = match epoch {
+    let acquired = match epoch {
         Some(epoch) => enter_frame_cache(frames, stacks, strings, epoch)
-            .and_then(|()| heap_records.acquire_cached(strings, frames, &keys, source)),
-        None => source.with_frames(&mut |named| heap_records.acquire(strings, named)),
+            .and_then(|()| heap_records.acquire_cached(strings, frames, &keys, source))
+            .map(|(stack, claims)| (stack, Some(claims))),
+        None => {
+            (source.with_frames(&mut |named| heap_records.acquire(strings, named))).map(|stack| {
+                let claims = heap_records.claims_of(&stack);
+                (stack, claims)
+            })
+        }
     };
     keys.clear();
     frames.keys = keys;
-    let stack = stack?;
-    if let (Some(key), Some(claims)) = (&key, heap_records.claims_of(&stack)) {
+    let (stack, claims) = acquired?;
+    if let (Some(key), Some(claims)) = (&key, claims) {
         if epoch.is_none() {
             enter_frame_cache(frames, stacks, strings, key.epoch)?;
             frames.hold(key.frames);

@@ -127,6 +127,44 @@ impl CapturedStack<'_> {
             None => (i + 1..depth).find(|&j| is_ruby(j)).map(|j| (j, 0)),
         }
     }
+
+    /// `location(i)` for every kept frame `i` below `keep`, outermost first, in one pass: each
+    /// frame is asked whether it is a Ruby frame once (`location` asks again for every C frame
+    /// below one, a VM call each time).
+    fn locations(&self, keep: usize) -> impl Iterator<Item = (usize, Option<(usize, i32)>)> + '_ {
+        let depth = self.frames.len().min(self.lines.len());
+        let is_ruby = |j: usize| shims::frame_path(self.frames[j]).is_some();
+        // The nearest Ruby frame outside the kept ones, and the nearest one with a line: all a
+        // kept frame's location can need beyond them.
+        let mut any_ruby = None;
+        let mut with_line = None;
+        for j in keep..depth {
+            if is_ruby(j) {
+                any_ruby = any_ruby.or(Some(j));
+                if self.lines[j] != 0 {
+                    with_line = Some(j);
+                    break;
+                }
+            }
+        }
+        (0..keep.min(depth)).rev().map(move |i| {
+            let ruby = is_ruby(i);
+            let line = self.lines[i];
+            let location = match (ruby && line != 0, with_line) {
+                (true, _) => Some((i, line)),
+                (false, Some(j)) => Some((j, self.lines[j])),
+                (false, None) if ruby => Some((i, 0)),
+                (false, None) => any_ruby.map(|j| (j, 0)),
+            };
+            if ruby {
+                any_ruby = Some(i);
+                if line != 0 {
+                    with_line = Some(i);
+                }
+            }
+            (i, location)
+        })
+    }
 }
 
 /// Per-frame keys for the recorder's frame cache. A frame's name depends on its
@@ -137,9 +175,9 @@ impl CapturedStack<'_> {
     pub(crate) fn fill_frame_keys(&self, out: &mut Vec<FrameKey>) -> u64 {
         let (keep, _) = self.kept();
         out.clear();
-        for i in 0..keep {
+        for (i, location) in self.locations(keep) {
             let handle = self.frames[i];
-            let key = match self.location(i) {
+            let key = match location {
                 Some((j, line)) if j == i => FrameKey {
                     handle,
                     locator: 0,
@@ -158,6 +196,8 @@ impl CapturedStack<'_> {
             };
             out.push(key);
         }
+        // Filled outermost first.
+        out.reverse();
         self.epoch
     }
 
