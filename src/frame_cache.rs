@@ -113,8 +113,9 @@ impl FrameCache {
     }
 
     /// Calls `f` with every frame handle the kept keys hold (handles and locators; the locator's
-    /// small sentinels are not handles), for the binding to keep alive and unmoved (see
-    /// `StackCache::for_each_handle`). Never allocates.
+    /// small sentinels are not handles) and those kept with [`FrameCache::hold`], for the binding
+    /// to keep alive and unmoved: then a handle never names another frame while it is kept, here
+    /// or in the stack cache (see stack_cache.rs). Never allocates.
     pub fn for_each_handle(&self, mut f: impl FnMut(u64)) {
         self.handles.iter().for_each(|&h| f(h));
     }

@@ -1,10 +1,11 @@
 //! Stage costs: time spent in each stage of our own work (the sampled path of the hook and its
 //! parts, the commit job and its WeakMap writes, the young-update job, the GC mark), for
-//! `DatadogHeap::Testing` and the cost tables in docs/performance.md. Off by default: when off, each probe is one
-//! relaxed atomic load and a branch. When on, each probe reads the monotonic clock twice (vDSO,
-//! about 20–30 ns a read, so nested probes barely disturb each other) and adds the time to its
-//! stage's total and to a log-linear histogram, from which `snapshot` reports the median: a
-//! thread descheduled inside a stage (a loaded machine) inflates the total, hardly the median.
+//! `DatadogHeap::Testing` and the cost tables in docs/performance.md. Off by default: when off,
+//! each probe is one relaxed atomic load and a branch. When on, each probe reads the monotonic
+//! clock twice (vDSO, about 20–30 ns a read, so nested probes barely disturb each other) and adds
+//! the time to its stage's total and to a log-linear histogram, from which `snapshot` reports the
+//! median: a thread descheduled inside a stage (a loaded machine) inflates the total, hardly the
+//! median.
 //!
 //! Process-wide, inherited by a forked child (its counters start from the parent's values).
 //! Callable from the hook: no allocation, no raise, no GVL release.
