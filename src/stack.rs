@@ -163,9 +163,14 @@ impl HeapRecords {
     }
 
     /// Interns `frames` in one batch and returns the heap record for them with its count raised
-    /// by one. When an equal stack exists, the ids just interned are given back and the existing
-    /// record is shared. Fails (changing nothing) past the frame cap or the per-stack count limit.
-    pub fn acquire(&mut self, strings: &mut Batch<'_>, frames: &[RawFrame<'_>]) -> Result<Stack> {
+    /// by one, and the record's claims (for the stack cache). When an equal stack exists, the ids
+    /// just interned are given back and the existing record is shared. Fails (changing nothing)
+    /// past the frame cap or the per-stack count limit.
+    pub fn acquire(
+        &mut self,
+        strings: &mut Batch<'_>,
+        frames: &[RawFrame<'_>],
+    ) -> Result<(Stack, Rc<Claims>)> {
         if frames.len() > MAX_FRAMES_LIMIT {
             return Err(HeapError::TooManyFrames {
                 frames: frames.len(),
@@ -203,16 +208,15 @@ impl HeapRecords {
             // count overflow below leaves the storage as it was.
             release_ids(strings, &self.scratch);
             claim(claims, &mut self.dormant)?;
-            return Ok(stack.clone());
+            return Ok((stack.clone(), claims.clone()));
         }
-        Ok(self.insert_scratch().0)
+        Ok(self.insert_scratch())
     }
 
     /// [`HeapRecords::acquire`] for a source with per-frame keys: frames the frame cache knows
     /// are taken from it, the others named by `source` and added to it; then an equal stack that
     /// is a heap record already is shared (interning nothing), else a new record takes its own
     /// references on the ids. `keys` are the kept frames' keys (from `source.frame_keys`).
-    /// Returns the record's claims too, for the stack cache (no second lookup).
     pub fn acquire_cached<S: FrameSource + ?Sized>(
         &mut self,
         strings: &mut Batch<'_>,

@@ -17,9 +17,9 @@
 //!   meaning what they meant when the entry was filled. So clearing the cache, or dropping it,
 //!   gives back nothing.
 //! - A key is compared by its length, salt, epoch and two independent 64-bit hashes of every
-//!   handle and line, not element by element: the slot's copy of a 47-frame key is nine cache
-//!   lines, which a service's allocations evict between two samples (a micro-benchmark with the
-//!   caches evicted: 1.7 µs a hit with the element compare). Two different stacks of one length
+//!   handle and line, so a slot keeps no copy of its key: comparing element by element read a
+//!   47-frame copy, nine cache lines that a service's allocations evict between two samples (a
+//!   micro-benchmark with the caches evicted: 1.7 µs a hit). Two different stacks of one length
 //!   would have to agree on both hashes to be confused.
 //!
 //! Fixed size and direct-mapped: each key has one slot, a newer key takes it over. The table is

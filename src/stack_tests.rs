@@ -35,8 +35,8 @@ fn equal_stacks_share_one_record() {
     let mut b = strings.lock().unwrap();
     let mut records = HeapRecords::default();
     let frames = raw(&[("a", "x.rb", 1), ("b", "y.rb", 2)]);
-    let s1 = records.acquire(&mut b, &frames).unwrap();
-    let s2 = records.acquire(&mut b, &frames).unwrap();
+    let (s1, _) = records.acquire(&mut b, &frames).unwrap();
+    let (s2, _) = records.acquire(&mut b, &frames).unwrap();
     assert!(Arc::ptr_eq(&s1, &s2));
     assert_eq!(records.len(), 1);
     assert_eq!(records.count(&s1), 2);
@@ -58,7 +58,7 @@ fn last_release_leaves_a_dormant_record_that_the_second_sweep_gives_back() {
     let mut b = strings.lock().unwrap();
     let mut records = HeapRecords::default();
     let frames = raw(&[("only_here", "only_here.rb", 1)]);
-    let s = records.acquire(&mut b, &frames).unwrap();
+    let (s, _) = records.acquire(&mut b, &frames).unwrap();
     records.acquire(&mut b, &frames).unwrap();
     records.release(&mut b, &s).unwrap();
     assert_eq!(b.get(s[0].name).unwrap(), "only_here");
@@ -113,7 +113,7 @@ fn count_overflow_is_an_error_and_changes_nothing() {
     let mut b = strings.lock().unwrap();
     let mut records = HeapRecords::default();
     let frames = raw(&[("a", "x.rb", 1)]);
-    let s = records.acquire(&mut b, &frames).unwrap();
+    let (s, _) = records.acquire(&mut b, &frames).unwrap();
     records.records[&*s].count.set(u32::MAX);
     let err = records.acquire(&mut b, &frames).unwrap_err();
     assert!(matches!(err, HeapError::TooManyObjectsForStack { .. }));

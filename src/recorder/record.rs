@@ -45,16 +45,19 @@ fn acquire_stack<S: FrameSource + ?Sized>(
         true => source.frame_keys(&mut keys),
         false => None,
     };
+    // The record's claims, for the stack cache (a named stack's come out of the naming call).
+    let mut named_claims = None;
     let acquired = match epoch {
         Some(epoch) => enter_frame_cache(frames, stacks, strings, epoch)
             .and_then(|()| heap_records.acquire_cached(strings, frames, &keys, source))
             .map(|(stack, claims)| (stack, Some(claims))),
-        None => {
-            (source.with_frames(&mut |named| heap_records.acquire(strings, named))).map(|stack| {
-                let claims = heap_records.claims_of(&stack);
-                (stack, claims)
+        None => source
+            .with_frames(&mut |named| {
+                let (stack, claims) = heap_records.acquire(strings, named)?;
+                named_claims = Some(claims);
+                Ok(stack)
             })
-        }
+            .map(|stack| (stack, named_claims.take())),
     };
     keys.clear();
     frames.keys = keys;

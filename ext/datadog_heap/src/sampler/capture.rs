@@ -104,7 +104,7 @@ impl FrameSource for CapturedStack<'_> {
 impl CapturedStack<'_> {
     /// The frames kept (innermost first) and the truncation marker, as `with_frames` cuts them.
     fn kept(&self) -> (usize, Option<String>) {
-        let depth = self.frames.len().min(self.lines.len());
+        let depth = self.depth();
         truncation(depth, self.max_frames, depth >= self.capacity)
     }
 
@@ -115,56 +115,73 @@ impl CapturedStack<'_> {
     /// than at a line 0 that names no site. With no such caller: the nearest Ruby frame (itself,
     /// for a Ruby frame) at line 0; `None` when there is no Ruby frame at all.
     fn location(&self, i: usize) -> Option<(usize, i32)> {
-        let depth = self.frames.len().min(self.lines.len());
-        let is_ruby = |j: usize| shims::frame_path(self.frames[j]).is_some();
-        if is_ruby(i) && self.lines[i] != 0 {
+        let ruby = self.is_ruby(i);
+        if ruby && self.lines[i] != 0 {
             return Some((i, self.lines[i]));
         }
-        let caller = (i + 1..depth).find(|&j| is_ruby(j) && self.lines[j] != 0);
-        match caller {
-            Some(j) => Some((j, self.lines[j])),
-            None if is_ruby(i) => Some((i, 0)),
-            None => (i + 1..depth).find(|&j| is_ruby(j)).map(|j| (j, 0)),
-        }
+        self.place(i, ruby, self.outer_ruby(i + 1))
     }
 
     /// `location(i)` for every kept frame `i` below `keep`, outermost first, in one pass: each
     /// frame is asked whether it is a Ruby frame once (`location` asks again for every C frame
     /// below one, a VM call each time).
     fn locations(&self, keep: usize) -> impl Iterator<Item = (usize, Option<(usize, i32)>)> + '_ {
-        let depth = self.frames.len().min(self.lines.len());
-        let is_ruby = |j: usize| shims::frame_path(self.frames[j]).is_some();
-        // The nearest Ruby frame outside the kept ones, and the nearest one with a line: all a
-        // kept frame's location can need beyond them.
-        let mut any_ruby = None;
-        let mut with_line = None;
-        for j in keep..depth {
-            if is_ruby(j) {
-                any_ruby = any_ruby.or(Some(j));
-                if self.lines[j] != 0 {
-                    with_line = Some(j);
-                    break;
-                }
-            }
-        }
-        (0..keep.min(depth)).rev().map(move |i| {
-            let ruby = is_ruby(i);
-            let line = self.lines[i];
-            let location = match (ruby && line != 0, with_line) {
-                (true, _) => Some((i, line)),
-                (false, Some(j)) => Some((j, self.lines[j])),
-                (false, None) if ruby => Some((i, 0)),
-                (false, None) => any_ruby.map(|j| (j, 0)),
-            };
+        let mut outer = self.outer_ruby(keep);
+        (0..keep).rev().map(move |i| {
+            let ruby = self.is_ruby(i);
+            let location = self.place(i, ruby, outer);
             if ruby {
-                any_ruby = Some(i);
-                if line != 0 {
-                    with_line = Some(i);
+                outer.any = Some(i);
+                if self.lines[i] != 0 {
+                    outer.with_line = Some(i);
                 }
             }
             (i, location)
         })
     }
+
+    /// `location`'s rule for frame `i`, given whether it is a Ruby frame and the Ruby frames
+    /// outside it.
+    fn place(&self, i: usize, ruby: bool, outer: OuterRuby) -> Option<(usize, i32)> {
+        match (ruby && self.lines[i] != 0, outer.with_line) {
+            (true, _) => Some((i, self.lines[i])),
+            (false, Some(j)) => Some((j, self.lines[j])),
+            (false, None) if ruby => Some((i, 0)),
+            (false, None) => outer.any.map(|j| (j, 0)),
+        }
+    }
+
+    /// The nearest Ruby frames from index `from` outwards: any, and with a line (the scan stops
+    /// at that one, all a location can need).
+    fn outer_ruby(&self, from: usize) -> OuterRuby {
+        let mut outer = OuterRuby::default();
+        for j in from..self.depth() {
+            if self.is_ruby(j) {
+                outer.any = outer.any.or(Some(j));
+                if self.lines[j] != 0 {
+                    outer.with_line = Some(j);
+                    break;
+                }
+            }
+        }
+        outer
+    }
+
+    /// Whether frame `j` is a Ruby frame (it has a file): a VM call.
+    fn is_ruby(&self, j: usize) -> bool {
+        shims::frame_path(self.frames[j]).is_some()
+    }
+
+    fn depth(&self) -> usize {
+        self.frames.len().min(self.lines.len())
+    }
+}
+
+/// The nearest Ruby frames outside a frame (indices into the capture).
+#[derive(Clone, Copy, Default)]
+struct OuterRuby {
+    any: Option<usize>,
+    with_line: Option<usize>,
 }
 
 /// Per-frame keys for the recorder's frame cache. A frame's name depends on its
