@@ -30,7 +30,7 @@ ONLY = ENV["ALLOCATION_CASES"]&.split(",")
 
 # Every loop assigns what it allocates to a local: the compiler drops an unused `[i, i]` or `{a: i}`.
 CASES = {
-  "BasicObject.new" => ->(n) { i = 0; while i < n; o = BasicObject.new; i += 1; end; o && nil },
+  "BasicObject.new" => Bench::LOOPS.fetch("BasicObject.new"),
   "Object.new" => ->(n) { i = 0; while i < n; o = Object.new; i += 1; end; o && nil },
   "String (small)" => ->(n) { i = 0; while i < n; o = "small".dup; i += 1; end; o && nil },
   "Array [i, i]" => ->(n) { i = 0; while i < n; o = [i, i]; i += 1; end; o && nil },

@@ -23,20 +23,7 @@ REPEATS = Bench.pick(3, 1) # child processes per build and case, alternating bui
 LIBS = {"this build" => BENCH_LIB}
 LIBS[ENV["STEADY_COMPARE_LIB"]] = File.expand_path(ENV["STEADY_COMPARE_LIB"]) if ENV["STEADY_COMPARE_LIB"]
 
-CASES = {
-  "BasicObject.new" => ->(n) { i = 0; while i < n; o = BasicObject.new; i += 1; end; o && nil },
-  "mix: [i, i], String, Hash" => lambda do |n|
-    s = +"small"
-    i = 0
-    while i < n
-      o = [i, i]
-      o = s.dup
-      o = {a: i}
-      i += 3
-    end
-    o && nil
-  end,
-}.freeze
+CASES = Bench::LOOPS.slice("BasicObject.new", "mix: [i, i], String, Hash").freeze
 SELECTED = ENV["STEADY_CASES"] ? CASES.slice(*ENV["STEADY_CASES"].split(",")) : CASES
 abort "STEADY_CASES names none of: #{CASES.keys.join(", ")}" if SELECTED.empty?
 

@@ -216,6 +216,25 @@ module Bench
   # max_tracked_objects for recorders that must never hit the cap (every allocation sampled).
   NO_CAP = 2**40
 
+  # Allocation loops the throughput benches share: name => ->(n) { n allocations }. Each assigns
+  # what it allocates to a local (the compiler drops an unused `[i, i]` or `{a: i}`).
+  LOOPS = {
+    "BasicObject.new" => ->(n) { i = 0; while i < n; o = BasicObject.new; i += 1; end; o && nil },
+    "[i, i]" => ->(n) { i = 0; while i < n; o = [i, i]; i += 1; end; o && nil },
+    "small String" => ->(n) { s = "small"; i = 0; while i < n; o = s.dup; i += 1; end; o && nil },
+    "mix: [i, i], String, Hash" => lambda do |n|
+      s = "small"
+      i = 0
+      while i < n
+        o = [i, i]
+        o = s.dup
+        o = {a: i}
+        i += 3
+      end
+      o && nil
+    end,
+  }.freeze
+
   # A recorder with `count` tracked objects (kept alive in the returned array) spread over
   # `stacks` distinct stacks of `depth` frames, set up through record_allocation and explicit
   # commits so the counts are exact. Commits run in batches of the pending queue's size.

@@ -23,11 +23,7 @@ N_MAP = Bench.pick(20_000_000, 400_000)
 N_WINDOWS = Bench.pick(10_000_000, 200_000)
 NEVER = 2**32 - 1
 
-LOOPS = {
-  "BasicObject.new" => ->(n) { i = 0; while i < n; o = BasicObject.new; i += 1; end; o && nil },
-  "[i, i]" => ->(n) { i = 0; while i < n; o = [i, i]; i += 1; end; o && nil },
-  "small String" => ->(n) { s = "small"; i = 0; while i < n; o = s.dup; i += 1; end; o && nil },
-}.freeze
+LOOPS = Bench::LOOPS.slice("BasicObject.new", "[i, i]", "small String").freeze
 
 def cpu_ns_per(n)
   t = Bench.cpu

@@ -21,20 +21,7 @@ N = Bench.pick(10_000_000, 200_000)
 SCALE = Bench.pick(200_000, 5_000) # the smallest site's retained count
 MEANS = (ENV["WINDOW_MEANS"] || "64,32,16,8").split(",").map { |m| Integer(m, 10) }
 
-LOOPS = {
-  "BasicObject.new" => ->(n) { i = 0; while i < n; o = BasicObject.new; i += 1; end; o && nil },
-  "mix: [i, i], String, Hash" => lambda do |n|
-    s = "small"
-    i = 0
-    while i < n
-      o = [i, i]
-      o = s.dup
-      o = {a: i}
-      i += 3
-    end
-    o && nil
-  end,
-}.freeze
+LOOPS = Bench::LOOPS.slice("BasicObject.new", "mix: [i, i], String, Hash").freeze
 
 # The block's recorders take the in-window mean `mean`.
 def with_mean(mean)
