@@ -40,7 +40,7 @@ RSpec.describe "DatadogHeap::Middleware under puma, read with curl", :stress do
       end
     end
     # 400 kept Strings, about 25 sampled at 1 in 16: the app's site is a measured row (5 samples
-    # or more) but in about one run in 10^6.
+    # or more) in all but about one run in a million (Poisson, mean 25: P(< 5) is 3e-7).
     400.times { |i| curl("/kept/#{i}") }
   end
 
