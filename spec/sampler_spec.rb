@@ -156,7 +156,10 @@ RSpec.describe "built-in allocation sampler" do
     # GC_STRESS moves such leftovers around, and Ruby 3.4 once kept three: allow a few.)
     expect(tracked).to be <= kept.size + 4
     expect(tracked + skipped).to be >= kept.size
-    expect(tracked).to be > 0
+    # Under GC_STRESS a commit runs a GC at each of its allocations, where the GVL may go to
+    # another thread with the lock held: every thread's allocations can then fall under it
+    # (one run: 192 of 234 skipped, none of the 80 kept tracked). Counted, as asserted above.
+    expect(tracked).to be > 0 unless RecorderHelpers::GC_STRESSED
   end
 
   it "keeps sampling correctly in a forked child" do
