@@ -6,7 +6,10 @@
 # distinct deep stacks (DEPTH-frame call chains through METHODS methods, one allocation sampled in
 # 64) under a recorder, so its caches fill as a real program's do, then times minor GCs
 # (GC.start(full_mark: false)) with the recorder still running, against a child that ran the
-# same program with no recorder. Each child prints one JSON line.
+# same program with no recorder. Each child prints one JSON line. The same program is the
+# sampling path's worst case, so the table also gives what its samples cost: the core's record
+# (stack cache, naming, interning, dedup, a new heap record on most samples) and the whole sampled
+# path of the hook, from the stage counters.
 #
 # GC_MARK_COMPARE_LIB=DIR (another build's lib/ directory, its extension built) alternates that
 # build's children with this one's, so two builds are compared in one run.
@@ -38,14 +41,23 @@ if ARGV[0] == "--child"
   rng = Random.new(7)
   chains = Array.new(CHAINS) { Array.new(DEPTH) { :"m#{rng.rand(METHODS)}" } }
   rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: 64, max_overhead: nil) if ARGV[1] == "on"
+  stages = defined?(DatadogHeap::Testing._native_set_stage_costs) && rec
+  DatadogHeap::Testing._native_set_stage_costs(true) if stages
   rec&.start
   obj = host.new
   kept = []
   3.times { chains.each { |c| 20.times { kept << obj.public_send(c.last, c, DEPTH - 1) } } }
+  sampling = stages ? DatadogHeap::Testing._native_stage_costs : []
+  per_sample = %w[record sample].to_h do |stage|
+    _, ns, count, median = sampling.find { |name, *| name == stage }
+    [stage, count.to_i.zero? ? nil : [median, ns.fdiv(count)]]
+  end
   kept = nil
   GC.start
-  stages = defined?(DatadogHeap::Testing._native_set_stage_costs) && rec
-  DatadogHeap::Testing._native_set_stage_costs(true) if stages
+  if stages # zeroes the counters
+    DatadogHeap::Testing._native_set_stage_costs(false)
+    DatadogHeap::Testing._native_set_stage_costs(true)
+  end
   minor_us = Array.new(ROUNDS) do
     t = Bench.cpu_time { GCS.times { GC.start(full_mark: false, immediate_sweep: false) } }
     t / GCS * 1e6
@@ -55,7 +67,8 @@ if ARGV[0] == "--child"
   DatadogHeap::Testing._native_set_stage_costs(false) if stages
   s = rec&.stats || {}
   puts JSON.generate(minor_us: Bench.median(minor_us), mark_median_ns: mark&.last,
-    hits: s[:lifetime_stack_cache_hits], misses: s[:lifetime_stack_cache_misses])
+    hits: s[:lifetime_stack_cache_hits], misses: s[:lifetime_stack_cache_misses],
+    record_ns: per_sample["record"], sample_ns: per_sample["sample"])
   exit
 end
 
@@ -76,8 +89,17 @@ rows = LIBS.keys.map do |name|
   marks = on.map { |r| r[:mark_median_ns] }.compact
   hits = on.sum { |r| r[:hits].to_i }
   looked = hits + on.sum { |r| r[:misses].to_i }
+  # Per sample, µs: the median of the processes' medians (their means' range in brackets).
+  per_sample = lambda do |key|
+    got = on.map { |r| r[key] }.compact
+    next "–" if got.empty?
+
+    means = got.map { |_, mean| mean / 1e3 }
+    format("%.2f (%.1f–%.1f)", Bench.median(got.map(&:first)) / 1e3, means.min, means.max)
+  end
   [name, format("%.0f", none), format("%.0f", with), format("%+.0f", with - none),
-    marks.empty? ? "–" : format("%.1f", Bench.median(marks) / 1e3), format("%.0f%%", 100.0 * hits / [looked, 1].max)]
+    marks.empty? ? "–" : format("%.1f", Bench.median(marks) / 1e3), format("%.0f%%", 100.0 * hits / [looked, 1].max),
+    per_sample.call(:record_ns), per_sample.call(:sample_ns)]
 end
 Bench.table(["build", "minor GC, no recorder (µs)", "with a recorder (µs)", "added (µs)",
-  "its mark function (µs, median)", "stack cache hits"], rows)
+  "its mark function (µs, median)", "stack cache hits", "record per sample (µs)", "sampled path per sample (µs)"], rows)

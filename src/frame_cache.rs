@@ -8,8 +8,10 @@
 //!
 //! Unlike the stack cache, this cache holds one reference on every string id it keeps, so a kept
 //! id always names the string it was interned for (ids are never reused); it gives them back
-//! when its epoch ends, when it fills up, and when it is cleared. Needs no lock: the recorder's
-//! state owns it, and every method takes the string storage's batch.
+//! when its epoch ends, when it fills up, and when it is cleared. Its ids form a string group
+//! (strings.rs): a heap record made only of its frames holds the group instead of a reference per
+//! id, and a group still held when the cache lets go keeps its ids until its last holder goes.
+//! Needs no lock: the recorder's state owns it, and every method takes the string storage's batch.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::BuildHasherDefault;
@@ -18,7 +20,7 @@ use rustc_hash::FxHasher;
 
 use crate::error::Result;
 use crate::stack::Frame;
-use crate::strings::Batch;
+use crate::strings::{Batch, GroupId};
 
 /// Most frames kept; a full cache starts again empty (about 60 bytes each). A program that runs
 /// much distinct code (rubocop) kept refilling a cache of 8,192 and naming the same frames again;
@@ -52,6 +54,8 @@ pub struct FrameCache {
     handles: FxSet<u64>,
     /// Scratch for the keys of one capture (reused, so a lookup allocates nothing).
     pub(crate) keys: Vec<FrameKey>,
+    /// The string group of the ids kept now (a new one after every clear).
+    group: GroupId,
 }
 
 impl FrameCache {
@@ -120,11 +124,23 @@ impl FrameCache {
         self.handles.iter().for_each(|&h| f(h));
     }
 
-    /// Forgets every frame, giving back its references.
+    /// The string group the kept ids form: a holder of it keeps every id this cache holds now
+    /// (see the module docs).
+    pub fn group(&self) -> GroupId {
+        self.group
+    }
+
+    /// Forgets every frame, giving back its references (to the group's holders, if any: see
+    /// the module docs), and starts a new group.
     pub fn clear(&mut self, strings: &mut Batch<'_>) -> Result<()> {
         self.handles.clear();
-        let ids = self.frames.drain().flat_map(|(_, f)| [f.name, f.filename]);
-        strings.unintern_all(ids)
+        let ids: Vec<_> = (self.frames.drain())
+            .flat_map(|(_, f)| [f.name, f.filename])
+            .filter(|&id| id != 0)
+            .collect();
+        let retired = strings.retire_group(self.group, ids);
+        self.group = strings.open_group();
+        retired
     }
 
     pub fn len(&self) -> usize {

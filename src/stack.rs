@@ -12,7 +12,7 @@ use rustc_hash::FxHasher;
 use crate::error::{HeapError, Result, MAX_FRAMES_LIMIT};
 use crate::frame_cache::{FrameCache, FrameKey};
 use crate::stack_cache::FrameSource;
-use crate::strings::{Batch, StringId};
+use crate::strings::{Batch, GroupId, StringId};
 
 /// One frame of an allocation stack, as ids into the recorder's string storage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +61,12 @@ pub struct Claims {
     /// The record was swept away (its ids given back): whoever kept these claims (the stack
     /// cache) must not claim through them.
     gone: Cell<bool>,
+    /// The string group that holds the record's ids for it (a record built from the frame
+    /// cache's frames), or `None` when the record holds a reference per id.
+    group: Cell<Option<GroupId>>,
+    /// The last frame is a truncation marker whose name the record holds a reference on itself
+    /// (group or not).
+    marker: bool,
 }
 
 /// The set of heap records: stack -> number of tracked objects pointing at it. A record whose
@@ -127,14 +133,17 @@ impl HeapRecords {
         self.records.iter().map(|(s, c)| (s, c.count.get()))
     }
 
-    /// A new record for the frames in `scratch`, claimed once; its ids are its own references.
-    fn insert_scratch(&mut self) -> (Stack, Rc<Claims>) {
+    /// A new record for the frames in `scratch`, claimed once; its ids are its own references,
+    /// or `group`'s (see [`Claims`]).
+    fn insert_scratch(&mut self, group: Option<GroupId>, marker: bool) -> (Stack, Rc<Claims>) {
         let stack: Stack = Arc::from(self.scratch.as_slice());
         self.refs += refs_of(&stack);
         let claims = Rc::new(Claims {
             count: Cell::new(1),
             used: Cell::new(true),
             gone: Cell::new(false),
+            group: Cell::new(group),
+            marker,
         });
         self.records.insert(stack.clone(), claims.clone());
         (stack, claims)
@@ -143,23 +152,47 @@ impl HeapRecords {
     /// Gives back every dormant record that was not claimed since the last sweep (`all`: every
     /// dormant record), with its string ids; the others are marked unclaimed for the next.
     /// Returns how many went.
+    /// Records that outlived their group's frame cache take a reference per id first, so that
+    /// a retired group's ids (a whole frame cache's) stay held only until the next sweep.
     pub fn sweep_dormant(&mut self, strings: &mut Batch<'_>, all: bool) -> usize {
+        self.hold_own_ids_of_retired_groups(strings);
         let mut gone = Vec::new();
         self.records.retain(|stack, claims| {
             let keep = claims.count.get() > 0 || (claims.used.get() && !all);
             claims.used.set(false);
             if !keep {
                 claims.gone.set(true);
-                gone.push(stack.clone());
+                gone.push((stack.clone(), claims.clone()));
             }
             keep
         });
-        for stack in &gone {
+        for (stack, claims) in &gone {
             self.refs = self.refs.saturating_sub(refs_of(stack));
-            release_ids(strings, stack);
+            give_back(strings, stack, claims);
         }
         self.dormant -= gone.len();
         gone.len()
+    }
+
+    /// Every record whose group was retired takes its own reference on each of its ids and
+    /// lets go of the group (the last to do so gives back the group's ids).
+    fn hold_own_ids_of_retired_groups(&mut self, strings: &mut Batch<'_>) {
+        for (stack, claims) in &self.records {
+            let Some(group) = claims.group.get().filter(|&g| strings.is_retired(g)) else {
+                continue;
+            };
+            let held = &stack[..stack.len() - usize::from(claims.marker)];
+            let ids = || held.iter().flat_map(|f| [f.name, f.filename]);
+            // The group holds a reference on each of these ids, so add_ref fails only on an
+            // overflow; then the record keeps the group, and the references taken go back.
+            let added = ids().take_while(|&id| strings.add_ref(id).is_ok()).count();
+            if added == held.len() * 2 {
+                claims.group.set(None);
+                let _ = strings.release_group(group);
+            } else {
+                let _ = strings.unintern_all(ids().take(added));
+            }
+        }
     }
 
     /// Interns `frames` in one batch and returns the heap record for them with its count raised
@@ -210,13 +243,14 @@ impl HeapRecords {
             claim(claims, &mut self.dormant)?;
             return Ok((stack.clone(), claims.clone()));
         }
-        Ok(self.insert_scratch())
+        Ok(self.insert_scratch(None, false))
     }
 
     /// [`HeapRecords::acquire`] for a source with per-frame keys: frames the frame cache knows
     /// are taken from it, the others named by `source` and added to it; then an equal stack that
-    /// is a heap record already is shared (interning nothing), else a new record takes its own
-    /// references on the ids. `keys` are the kept frames' keys (from `source.frame_keys`).
+    /// is a heap record already is shared (interning nothing), else a new record holds the frame
+    /// cache's string group (one count, however deep the stack). `keys` are the kept frames' keys
+    /// (from `source.frame_keys`).
     pub fn acquire_cached<S: FrameSource + ?Sized>(
         &mut self,
         strings: &mut Batch<'_>,
@@ -261,28 +295,9 @@ impl HeapRecords {
             claim(claims, &mut self.dormant)?;
             return Ok((stack.clone(), claims.clone()));
         }
-        // A new record: its own reference on each id the cache lent (the marker has one).
-        let lent = self.scratch.len() - usize::from(marker.is_some());
-        for (i, frame) in self.scratch[..lent].iter().enumerate() {
-            let added =
-                strings
-                    .add_ref(frame.name)
-                    .and_then(|()| match strings.add_ref(frame.filename) {
-                        Ok(()) => Ok(()),
-                        Err(e) => {
-                            let _ = strings.unintern(frame.name);
-                            Err(e)
-                        }
-                    });
-            if let Err(e) = added {
-                release_ids(strings, &self.scratch[..i]);
-                if let Some(name) = marker {
-                    let _ = strings.unintern(name);
-                }
-                return Err(e);
-            }
-        }
-        Ok(self.insert_scratch())
+        // A new record: the cache's group keeps the ids it lent (the marker has its own).
+        strings.hold_group(cache.group());
+        Ok(self.insert_scratch(Some(cache.group()), marker.is_some()))
     }
 
     /// The claims of `stack`'s record (equal frames), for the stack cache to keep.
@@ -357,6 +372,21 @@ pub fn truncation(depth: usize, max_frames: usize, open_ended: bool) -> (usize, 
     let dropped = depth - keep;
     let plus = if open_ended { "+" } else { "" };
     (keep, Some(format!("({dropped}{plus} frames truncated)")))
+}
+
+/// Gives back what a swept record holds: its group (and its marker's reference), or a reference
+/// per id.
+fn give_back(strings: &mut Batch<'_>, stack: &[Frame], claims: &Claims) {
+    match claims.group.get() {
+        Some(group) => {
+            // As in release_ids: a failure here is a storage bug with nothing better to do.
+            let _ = strings.release_group(group);
+            if claims.marker {
+                let _ = strings.unintern(stack.last().map_or(0, |f| f.name));
+            }
+        }
+        None => release_ids(strings, stack),
+    }
 }
 
 fn release_ids(strings: &mut Batch<'_>, frames: &[Frame]) {

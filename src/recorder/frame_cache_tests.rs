@@ -22,6 +22,8 @@ struct Keyed {
     named: Cell<usize>,
     /// A distinct raw key per capture, so the stack cache never answers (the frame cache does).
     salt: u64,
+    /// The truncation marker's name, for a capture cut at max_frames.
+    marker: Option<&'static str>,
 }
 
 impl Keyed {
@@ -33,6 +35,14 @@ impl Keyed {
             epoch,
             named: Cell::new(0),
             salt,
+            marker: None,
+        }
+    }
+
+    fn truncated(self, marker: &'static str) -> Self {
+        Keyed {
+            marker: Some(marker),
+            ..self
         }
     }
 }
@@ -77,6 +87,10 @@ impl FrameSource for Keyed {
     ) -> Result<Frame> {
         self.named.set(self.named.get() + 1);
         f(self.names[i], "app.rb")
+    }
+
+    fn truncation_marker(&self) -> Option<String> {
+        self.marker.map(String::from)
     }
 }
 
@@ -186,4 +200,76 @@ fn a_frame_cache_that_fills_up_empties_the_stack_cache_whose_handles_it_keeps() 
     assert_eq!(hits(&rec), before);
     assert_eq!(site.named.get(), 4, "both frames named again");
     assert_eq!(marked(&rec), vec![100, 200, 300]);
+}
+
+#[test]
+fn a_record_outlives_its_frame_cache_on_the_group_then_on_its_own_references() {
+    let rec = HeapRecorder::default();
+    rec.reserve_stack_cache().unwrap();
+    let mut vm = FakeVm::new();
+    let record = |vm: &mut FakeVm, source: &Keyed| {
+        let obj = vm.alloc(40);
+        let r = rec.record_allocation_from(obj, 1, None, source, 0);
+        assert_eq!(r.unwrap().outcome, RecordOutcome::Pending);
+        (obj, rec.pending().unwrap().last().unwrap().stack.clone())
+    };
+    let resolves = |rec: &HeapRecorder, id| {
+        let mut strings = rec.strings().lock().unwrap();
+        strings.compact();
+        strings.get(id).is_ok()
+    };
+    let a = Keyed::new(&[1, 10], &["a", "main"], 7, 1).truncated("(5 frames truncated)");
+    let (kept, stack_a) = record(&mut vm, &a);
+    let b = Keyed::new(&[2, 10], &["b", "main"], 7, 2).truncated("(6 frames truncated)");
+    let (dropped, stack_b) = record(&mut vm, &b);
+    rec.commit(&mut vm).unwrap();
+    // b's record goes (dormant, then swept); "b" stays in the frame cache.
+    vm.kill(dropped);
+    vm.gc();
+    rec.update(&mut vm, UpdateKind::Full).unwrap();
+    rec.update(&mut vm, UpdateKind::Full).unwrap();
+    assert_eq!(rec.stats().unwrap().num_heap_records, 1);
+    let (b, b_marker) = (stack_b[0].name, stack_b[2].name);
+    assert!(resolves(&rec, b), "the frame cache holds it");
+    assert!(!resolves(&rec, b_marker), "the record held its marker");
+
+    // A new epoch empties the frame cache; a's record still holds the cache's old group, which
+    // keeps every id the cache had, "b" included...
+    record(&mut vm, &Keyed::new(&[3], &["c"], 8, 3));
+    assert_eq!(
+        names_of(&rec, &stack_a),
+        ["a", "main", "(5 frames truncated)"]
+    );
+    assert!(resolves(&rec, b), "held by the retired group");
+    // ...until the next sweep, where a's record takes its own references and the group goes.
+    rec.commit(&mut vm).unwrap();
+    rec.update(&mut vm, UpdateKind::Full).unwrap();
+    assert!(!resolves(&rec, b), "no record uses it");
+    assert_eq!(
+        names_of(&rec, &stack_a),
+        ["a", "main", "(5 frames truncated)"]
+    );
+
+    // a's record gives back its own references when it goes.
+    let names: Vec<_> = stack_a.iter().map(|f| f.name).collect();
+    let file = stack_a[0].filename;
+    drop(stack_a);
+    vm.kill(kept);
+    vm.gc();
+    rec.update(&mut vm, UpdateKind::Full).unwrap();
+    rec.update(&mut vm, UpdateKind::Full).unwrap();
+    let s = rec.stats().unwrap();
+    assert_eq!(
+        (
+            s.num_object_records,
+            s.num_heap_records,
+            s.dormant_heap_records
+        ),
+        (1, 1, 0)
+    );
+    assert!(names.iter().all(|&id| !resolves(&rec, id)), "{names:?}");
+    assert!(
+        resolves(&rec, file),
+        "the frame cache's \"c\" is in app.rb too"
+    );
 }
