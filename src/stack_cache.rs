@@ -22,8 +22,11 @@
 //!   micro-benchmark with the caches evicted: 1.7 µs a hit). Two different stacks of one length
 //!   would have to agree on both hashes to be confused.
 //!
-//! Fixed size and direct-mapped: each key has one slot, a newer key takes it over. The table is
-//! built once; filling a slot allocates nothing (the stack is shared). Needs no lock: the
+//! Fixed size, two-way set-associative: a key may sit in either slot of its set (two adjacent
+//! slots), the one used last first; a new key takes the other one over. (Direct-mapped, 512 slots
+//! kept 68–72% of the Rails example's samples as hits, where 4,096 slots kept 85%: most of its
+//! misses were keys evicting each other, which a second way avoids without more slots.) The table
+//! is built once; filling a slot allocates nothing (the stack is shared). Needs no lock: the
 //! recorder's state owns it.
 
 use std::hash::Hasher;
@@ -36,8 +39,11 @@ use std::rc::Rc;
 
 use crate::stack::{Claims, Frame, RawFrame, Stack};
 
-/// Slots in a recorder's stack cache (a power of two).
-pub const STACK_CACHE_SLOTS: usize = 512;
+/// Slots in a recorder's stack cache (a power of two, at least [`WAYS`]).
+pub const STACK_CACHE_SLOTS: usize = 1024;
+
+/// Slots per set.
+const WAYS: usize = 2;
 
 /// Longest key kept. Deeper captures are not cached (always named): a recursion that deep
 /// rarely repeats exactly, and the frame cache would have to keep every handle of the key.
@@ -154,8 +160,9 @@ impl Slot {
 }
 
 pub struct StackCache {
+    /// Sets of [`WAYS`] slots, the one used last first.
     slots: Box<[Slot]>,
-    /// log2 of the slot count: the slot is the hash's top bits (Fx mixes those best).
+    /// log2 of the set count: the set is the hash's top bits (Fx mixes those best).
     shift: u32,
     enabled: bool,
 }
@@ -172,7 +179,7 @@ impl Default for StackCache {
 }
 
 impl StackCache {
-    /// A cache of `slots` slots, rounded up to a power of two (at least 1).
+    /// A cache of `slots` slots, rounded up to a power of two (at least one set).
     pub fn with_slots(slots: usize) -> Self {
         let mut cache = StackCache::default();
         cache.build(slots);
@@ -180,9 +187,9 @@ impl StackCache {
     }
 
     fn build(&mut self, slots: usize) {
-        let slots = slots.max(1).next_power_of_two();
+        let slots = slots.max(WAYS).next_power_of_two();
         self.slots = (0..slots).map(|_| Slot::default()).collect();
-        self.shift = 64 - slots.trailing_zeros();
+        self.shift = 64 - (slots / WAYS).trailing_zeros();
     }
 
     /// Builds the table of [`STACK_CACHE_SLOTS`] slots if it is not built yet, so the sampling
@@ -193,13 +200,14 @@ impl StackCache {
         }
     }
 
-    /// `None` while the table is not built.
-    fn index(&self, hash: u64) -> Option<usize> {
+    /// The slots of `hash`'s set; `None` while the table is not built.
+    fn set(&mut self, hash: u64) -> Option<&mut [Slot]> {
         if self.slots.is_empty() {
             return None;
         }
-        // `checked_shr` covers the one-slot table (a shift by 64).
-        Some(hash.checked_shr(self.shift).unwrap_or(0) as usize)
+        // `checked_shr` covers the one-set table (a shift by 64).
+        let first = hash.checked_shr(self.shift).unwrap_or(0) as usize * WAYS;
+        self.slots.get_mut(first..first + WAYS)
     }
 
     /// Whether `key` can be cached at all.
@@ -210,30 +218,33 @@ impl StackCache {
     }
 
     /// The stack last stored for `key` and its record's claims, if any (the caller still checks
-    /// that the record was not given back since). Never allocates.
-    pub fn get(&self, key: &RawStackKey<'_>) -> Option<(&Stack, &Rc<Claims>)> {
+    /// that the record was not given back since); a hit becomes its set's last used. Never
+    /// allocates.
+    pub fn get(&mut self, key: &RawStackKey<'_>) -> Option<(&Stack, &Rc<Claims>)> {
         if !self.accepts(key) {
             return None;
         }
         let hash = key.hash();
-        let slot = self.slots.get(self.index(hash)?)?;
-        match slot.matches(key, hash) {
-            true => slot.entry.as_ref().map(|(stack, claims)| (stack, claims)),
-            false => None,
-        }
+        let set = self.set(hash)?;
+        let way = set.iter().position(|slot| slot.matches(key, hash))?;
+        set[..=way].rotate_right(1);
+        set[0].entry.as_ref().map(|(stack, claims)| (stack, claims))
     }
 
-    /// Stores `stack` and its record's `claims` for `key`, replacing what its slot held. The
-    /// caller keeps the key's handles alive and unmoved for as long as the entry stays (see the
-    /// module docs). Allocates nothing.
+    /// Stores `stack` and its record's `claims` for `key` as its set's last used, in the slot
+    /// that held `key` or else the one used longest ago. The caller keeps the key's handles
+    /// alive and unmoved for as long as the entry stays (see the module docs). Allocates nothing.
     pub fn insert(&mut self, key: &RawStackKey<'_>, stack: &Stack, claims: Rc<Claims>) {
         if !self.accepts(key) {
             return;
         }
         let hash = key.hash();
-        let Some(slot) = self.index(hash).and_then(|i| self.slots.get_mut(i)) else {
+        let Some(set) = self.set(hash) else {
             return;
         };
+        let way = (set.iter().position(|slot| slot.matches(key, hash))).unwrap_or(WAYS - 1);
+        set[..=way].rotate_right(1);
+        let slot = &mut set[0];
         slot.hash = hash;
         slot.check = key.check();
         slot.salt = key.salt;
@@ -331,15 +342,29 @@ mod tests {
     }
 
     #[test]
-    fn keys_sharing_a_slot_are_told_apart_by_their_contents() {
-        // One slot: every key lands in it, so only the full comparison can tell them apart.
+    fn keys_sharing_a_set_are_told_apart_and_the_one_used_longest_ago_goes() {
+        // One set: every key lands in it, so only the full comparison can tell them apart.
         let mut cache = StackCache::with_slots(1);
-        let (a, b) = (stack(1), stack(2));
-        cache.insert(&key(&[10], &[1], 0), &a, Rc::default());
-        assert!(cache.get(&key(&[11], &[1], 0)).is_none());
-        cache.insert(&key(&[11], &[1], 0), &b, Rc::default());
-        assert!(Arc::ptr_eq(cache.get(&key(&[11], &[1], 0)).unwrap().0, &b));
-        assert!(cache.get(&key(&[10], &[1], 0)).is_none(), "evicted");
+        let (a, b, c) = (stack(1), stack(2), stack(3));
+        let (ka, kb, kc) = (
+            key(&[10], &[1], 0),
+            key(&[11], &[1], 0),
+            key(&[12], &[1], 0),
+        );
+        cache.insert(&ka, &a, Rc::default());
+        assert!(cache.get(&kb).is_none());
+        cache.insert(&kb, &b, Rc::default());
+        assert!(Arc::ptr_eq(cache.get(&kb).unwrap().0, &b));
+        // a, used since b, stays when c comes; b goes.
+        assert!(Arc::ptr_eq(cache.get(&ka).unwrap().0, &a));
+        cache.insert(&kc, &c, Rc::default());
+        assert!(cache.get(&kb).is_none(), "evicted");
+        assert!(Arc::ptr_eq(cache.get(&ka).unwrap().0, &a));
+        assert!(Arc::ptr_eq(cache.get(&kc).unwrap().0, &c));
+        // Storing a key again replaces its own slot, never the other one.
+        cache.insert(&kc, &b, Rc::default());
+        assert!(Arc::ptr_eq(cache.get(&kc).unwrap().0, &b));
+        assert!(Arc::ptr_eq(cache.get(&ka).unwrap().0, &a));
     }
 
     #[test]
@@ -391,6 +416,9 @@ mod tests {
             .iter()
             .filter(|h| cache.get(&key(std::slice::from_ref(*h), &[7], 0)).is_some())
             .count();
-        assert!(kept >= 56, "only {kept} of 64 keys kept in 512 slots");
+        assert!(
+            kept >= 60,
+            "only {kept} of 64 keys kept in {STACK_CACHE_SLOTS} slots"
+        );
     }
 }

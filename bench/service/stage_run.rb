@@ -7,7 +7,9 @@
 # `rake bench`; README "The service's CPU per request" quotes one run.
 #
 # SERVICE_APP=rails runs the Rails app of examples/rails_leak (its leak off) instead of the
-# sinatra service; STAGE_SAMPLER=windowed|countdown and STAGE_SAMPLE_EVERY=N pick the recorder.
+# sinatra service; STAGE_SAMPLER=windowed|countdown and STAGE_SAMPLE_EVERY=N pick the recorder;
+# STAGE_LIB=DIR (another build's lib/ directory, its extension built) is the build the workers
+# load (the default: this checkout's).
 #
 # Run: ruby -Ilib bench/service/stage_run.rb
 require_relative "../support"
@@ -16,7 +18,8 @@ require_relative "../../examples/service/cluster"
 
 seconds = Integer(ENV.fetch("SECONDS", "40"))
 Dir.mktmpdir("stage-run-") do |out|
-  env = {"RUBYOPT" => "-I#{ServiceCluster::LIB} -r#{File.join(__dir__, "stage_worker.rb")}", "STAGE_OUT" => out}
+  lib = File.expand_path(ENV.fetch("STAGE_LIB", ServiceCluster::LIB))
+  env = {"RUBYOPT" => "-I#{lib} -r#{File.join(__dir__, "stage_worker.rb")}", "STAGE_OUT" => out}
   app = ENV.fetch("SERVICE_APP", "sinatra")
   cluster = ServiceCluster::Cluster.new(env: env, log: File.join(out, "puma.log"), app: app)
   begin
@@ -30,7 +33,7 @@ Dir.mktmpdir("stage-run-") do |out|
   end
   workers = Dir[File.join(out, "*.json")].map { |f| JSON.parse(File.read(f), symbolize_names: true) }
   per_worker = result[:requests].fdiv(workers.size)
-  puts "#{result[:requests]} requests in #{(result[:duration_us] / 1e6).round(1)} s over #{workers.size} workers"
+  puts "#{lib}: #{result[:requests]} requests in #{(result[:duration_us] / 1e6).round(1)} s over #{workers.size} workers"
   workers.each do |w|
     samples = w[:stats][:sampler_samples_recorded]
     stages = w[:stages].to_h { |name, ns, count, median| [name, [ns, count, median || 0]] }
