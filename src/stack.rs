@@ -152,6 +152,7 @@ impl HeapRecords {
     /// Gives back every dormant record that was not claimed since the last sweep (`all`: every
     /// dormant record), with its string ids; the others are marked unclaimed for the next.
     /// Returns how many went.
+    ///
     /// Records that outlived their group's frame cache take a reference per id first, so that
     /// a retired group's ids (a whole frame cache's) stay held only until the next sweep.
     pub fn sweep_dormant(&mut self, strings: &mut Batch<'_>, all: bool) -> usize {
