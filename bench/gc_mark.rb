@@ -54,10 +54,7 @@ if ARGV[0] == "--child"
   end
   kept = nil
   GC.start
-  if stages # zeroes the counters
-    DatadogHeap::Testing._native_set_stage_costs(false)
-    DatadogHeap::Testing._native_set_stage_costs(true)
-  end
+  DatadogHeap::Testing._native_set_stage_costs(true) if stages # zeroes the counters
   minor_us = Array.new(ROUNDS) do
     t = Bench.cpu_time { GCS.times { GC.start(full_mark: false, immediate_sweep: false) } }
     t / GCS * 1e6

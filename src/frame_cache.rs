@@ -134,10 +134,7 @@ impl FrameCache {
     /// the module docs), and starts a new group.
     pub fn clear(&mut self, strings: &mut Batch<'_>) -> Result<()> {
         self.handles.clear();
-        let ids: Vec<_> = (self.frames.drain())
-            .flat_map(|(_, f)| [f.name, f.filename])
-            .filter(|&id| id != 0)
-            .collect();
+        let ids = self.frames.drain().flat_map(|(_, f)| [f.name, f.filename]);
         let retired = strings.retire_group(self.group, ids);
         self.group = strings.open_group();
         retired

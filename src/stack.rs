@@ -178,6 +178,9 @@ impl HeapRecords {
     /// Every record whose group was retired takes its own reference on each of its ids and
     /// lets go of the group (the last to do so gives back the group's ids).
     fn hold_own_ids_of_retired_groups(&mut self, strings: &mut Batch<'_>) {
+        if !strings.any_retired() {
+            return;
+        }
         for (stack, claims) in &self.records {
             let Some(group) = claims.group.get().filter(|&g| strings.is_retired(g)) else {
                 continue;
@@ -299,11 +302,6 @@ impl HeapRecords {
         // A new record: the cache's group keeps the ids it lent (the marker has its own).
         strings.hold_group(cache.group());
         Ok(self.insert_scratch(Some(cache.group()), marker.is_some()))
-    }
-
-    /// The claims of `stack`'s record (equal frames), for the stack cache to keep.
-    pub fn claims_of(&self, stack: &[Frame]) -> Option<Rc<Claims>> {
-        self.records.get(stack).cloned()
     }
 
     /// Raises by one the count of the record whose `claims` the stack cache kept (live or

@@ -149,13 +149,15 @@ struct Slot {
 }
 
 impl Slot {
-    fn matches(&self, key: &RawStackKey<'_>, hash: u64) -> bool {
+    /// Whether the slot holds `key`; `check` gives the key's second hash, asked for only when
+    /// everything cheaper agrees.
+    fn matches(&self, key: &RawStackKey<'_>, hash: u64, check: impl FnOnce() -> u64) -> bool {
         self.entry.is_some()
             && self.hash == hash
             && self.epoch == key.epoch
             && self.salt == key.salt
             && self.len == key.frames.len()
-            && self.check == key.check()
+            && self.check == check()
     }
 }
 
@@ -226,7 +228,9 @@ impl StackCache {
         }
         let hash = key.hash();
         let set = self.set(hash)?;
-        let way = set.iter().position(|slot| slot.matches(key, hash))?;
+        let way = set
+            .iter()
+            .position(|slot| slot.matches(key, hash, || key.check()))?;
         set[..=way].rotate_right(1);
         set[0].entry.as_ref().map(|(stack, claims)| (stack, claims))
     }
@@ -242,11 +246,15 @@ impl StackCache {
         let Some(set) = self.set(hash) else {
             return;
         };
-        let way = (set.iter().position(|slot| slot.matches(key, hash))).unwrap_or(WAYS - 1);
+        let check = key.check();
+        let held = set
+            .iter()
+            .position(|slot| slot.matches(key, hash, || check));
+        let way = held.unwrap_or(WAYS - 1);
         set[..=way].rotate_right(1);
         let slot = &mut set[0];
         slot.hash = hash;
-        slot.check = key.check();
+        slot.check = check;
         slot.salt = key.salt;
         slot.epoch = key.epoch;
         slot.len = key.frames.len();

@@ -198,14 +198,14 @@ impl Batch<'_> {
         *self.counts.holders.entry(group).or_insert(0) += 1;
     }
 
-    /// Holders of `group` right now.
-    pub fn group_holders(&self, group: GroupId) -> u64 {
-        self.counts.holders.get(&group).copied().unwrap_or(0)
-    }
-
     /// Whether `group` was retired while held (its ids are kept for its holders).
     pub fn is_retired(&self, group: GroupId) -> bool {
         self.counts.retired.contains_key(&group)
+    }
+
+    /// Whether any group was retired while held.
+    pub fn any_retired(&self) -> bool {
+        !self.counts.retired.is_empty()
     }
 
     /// One holder of `group` lets go; the last holder of a retired group gives back its ids.
@@ -227,12 +227,18 @@ impl Batch<'_> {
     }
 
     /// The group's owner lets go of `ids` (one reference each, its own): given back now when
-    /// nobody holds the group, else kept until its last holder lets go.
-    pub fn retire_group(&mut self, group: GroupId, ids: Vec<StringId>) -> Result<()> {
-        if self.group_holders(group) == 0 {
+    /// nobody holds the group, else kept (allocating, Rust allocator) until its last holder lets
+    /// go.
+    pub fn retire_group(
+        &mut self,
+        group: GroupId,
+        ids: impl IntoIterator<Item = StringId>,
+    ) -> Result<()> {
+        if !self.counts.holders.contains_key(&group) {
             return self.unintern_all(ids);
         }
-        self.counts.retired.insert(group, ids);
+        let kept = ids.into_iter().filter(|&id| id != 0).collect();
+        self.counts.retired.insert(group, kept);
         Ok(())
     }
 
