@@ -29,10 +29,6 @@
 //! is built once; filling a slot allocates nothing (the stack is shared). Needs no lock: the
 //! recorder's state owns it.
 
-use std::hash::Hasher;
-
-use rustc_hash::FxHasher;
-
 use crate::error::Result;
 use crate::frame_cache::FrameKey;
 use std::rc::Rc;
@@ -63,30 +59,61 @@ pub struct RawStackKey<'a> {
 }
 
 impl RawStackKey<'_> {
-    fn hash(&self) -> u64 {
-        let mut h = FxHasher::default();
-        h.write_u64(self.salt);
-        h.write_usize(self.frames.len());
-        // One word per frame: handles are addresses (below 2^48 on the platforms Ruby runs
-        // on), so a line in the top 16 bits rarely collides; a collision only shares a slot.
-        for (&frame, &line) in self.frames.iter().zip(self.lines) {
-            h.write_u64(frame ^ u64::from(line as u32).rotate_right(16));
+    /// The key's two independent 64-bit hashes, `(slot, check)`, in one pass over its frames:
+    /// the first picks the set, the second must agree too before a slot matches.
+    ///
+    /// Each hash runs four lanes, frame `i` going to lane `i % 4`, so the processor works on
+    /// eight independent multiplications at a time instead of waiting on one chain (on a Rails
+    /// stack of 120 frames: about 120 ns, where two single-chain passes took about 490). A step
+    /// is a folded 64×64→128-bit multiplication of the lane (xored with the handle) by the line
+    /// (xored with a constant), so handle and line each reach every bit of the lane. The lanes
+    /// start from the salt and the length, each from its own constant, and are folded together in
+    /// order at the end.
+    fn hashes(&self) -> (u64, u64) {
+        const SLOT: [u64; 4] = [
+            0x243f_6a88_85a3_08d3,
+            0x1319_8a2e_0370_7344,
+            0xa409_3822_299f_31d0,
+            0x082e_fa98_ec4e_6c89,
+        ];
+        const CHECK: [u64; 4] = [
+            0x4528_21e6_38d0_1377,
+            0xbe54_66cf_34e9_0c6c,
+            0xc0ac_29b7_c97c_50dd,
+            0x3f84_d5b5_b547_0917,
+        ];
+        const LINE_SLOT: u64 = 0x9216_d5d9_8979_fb1b;
+        const LINE_CHECK: u64 = 0xd131_0ba6_98df_b5ac;
+        let fold = |x: u64, y: u64| {
+            let p = u128::from(x).wrapping_mul(u128::from(y));
+            (p as u64) ^ ((p >> 64) as u64)
+        };
+        let seed = self.salt ^ (self.frames.len() as u64).rotate_left(32);
+        let mut slot = SLOT.map(|c| c ^ seed);
+        let mut check = CHECK.map(|c| c ^ seed.rotate_left(29));
+        let n = self.frames.len().min(self.lines.len());
+        let (frames, lines) = (&self.frames[..n], &self.lines[..n]);
+        let mut step = |lane: usize, frame: u64, line: i32| {
+            let line = u64::from(line as u32);
+            slot[lane] = fold(slot[lane] ^ frame, line ^ LINE_SLOT);
+            check[lane] = fold(check[lane] ^ frame, line ^ LINE_CHECK);
+        };
+        let mut quads = frames.chunks_exact(4).zip(lines.chunks_exact(4));
+        for (f, l) in &mut quads {
+            for lane in 0..4 {
+                step(lane, f[lane], l[lane]);
+            }
         }
-        h.finish()
-    }
-
-    /// A second hash, independent of `hash`: another multiplier and rotation, handles and lines
-    /// fed as separate words (where `hash` folds each pair into one), finished with a full mix.
-    fn check(&self) -> u64 {
-        const K: u64 = 0x9e37_79b9_7f4a_7c15;
-        let mut h = self.salt ^ (self.frames.len() as u64).rotate_left(32);
-        for (&frame, &line) in self.frames.iter().zip(self.lines) {
-            h = (h.rotate_left(23) ^ frame).wrapping_mul(K);
-            h = (h.rotate_left(23) ^ u64::from(line as u32)).wrapping_mul(K);
+        let done = n - n % 4;
+        for (lane, (&f, &l)) in frames[done..].iter().zip(&lines[done..]).enumerate() {
+            step(lane, f, l);
         }
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^ (h >> 33)
+        let finish = |lanes: [u64; 4], k: u64| {
+            lanes
+                .iter()
+                .fold(k, |h, &lane| fold(h ^ lane, k.rotate_left(17) | 1))
+        };
+        (finish(slot, LINE_CHECK), finish(check, LINE_SLOT))
     }
 }
 
@@ -149,22 +176,21 @@ struct Slot {
 }
 
 impl Slot {
-    /// Whether the slot holds `key`; `check` gives the key's second hash, asked for only when
-    /// everything cheaper agrees.
-    fn matches(&self, key: &RawStackKey<'_>, hash: u64, check: impl FnOnce() -> u64) -> bool {
+    /// Whether the slot holds `key`, whose [`RawStackKey::hashes`] are `(hash, check)`.
+    fn matches(&self, key: &RawStackKey<'_>, (hash, check): (u64, u64)) -> bool {
         self.entry.is_some()
             && self.hash == hash
             && self.epoch == key.epoch
             && self.salt == key.salt
             && self.len == key.frames.len()
-            && self.check == check()
+            && self.check == check
     }
 }
 
 pub struct StackCache {
     /// Sets of [`WAYS`] slots, the one used last first.
     slots: Box<[Slot]>,
-    /// log2 of the set count: the set is the hash's top bits (Fx mixes those best).
+    /// log2 of the set count: the set is the hash's top bits (its final fold mixes every bit).
     shift: u32,
     enabled: bool,
 }
@@ -226,11 +252,9 @@ impl StackCache {
         if !self.accepts(key) {
             return None;
         }
-        let hash = key.hash();
-        let set = self.set(hash)?;
-        let way = set
-            .iter()
-            .position(|slot| slot.matches(key, hash, || key.check()))?;
+        let hashes = key.hashes();
+        let set = self.set(hashes.0)?;
+        let way = set.iter().position(|slot| slot.matches(key, hashes))?;
         set[..=way].rotate_right(1);
         set[0].entry.as_ref().map(|(stack, claims)| (stack, claims))
     }
@@ -242,19 +266,15 @@ impl StackCache {
         if !self.accepts(key) {
             return;
         }
-        let hash = key.hash();
-        let Some(set) = self.set(hash) else {
+        let hashes = key.hashes();
+        let Some(set) = self.set(hashes.0) else {
             return;
         };
-        let check = key.check();
-        let held = set
-            .iter()
-            .position(|slot| slot.matches(key, hash, || check));
+        let held = set.iter().position(|slot| slot.matches(key, hashes));
         let way = held.unwrap_or(WAYS - 1);
         set[..=way].rotate_right(1);
         let slot = &mut set[0];
-        slot.hash = hash;
-        slot.check = check;
+        (slot.hash, slot.check) = hashes;
         slot.salt = key.salt;
         slot.epoch = key.epoch;
         slot.len = key.frames.len();
@@ -428,5 +448,47 @@ mod tests {
             kept >= 60,
             "only {kept} of 64 keys kept in {STACK_CACHE_SLOTS} slots"
         );
+    }
+
+    #[test]
+    fn near_identical_stacks_differ_in_both_hashes() {
+        // A Rails-deep stack and every small change a program makes to one: a line moved, a
+        // handle changed, two frames swapped (in one lane or across lanes), a frame gone, or a
+        // handle and a line trading bits. Each must differ from all the others in each hash.
+        let frames: Vec<u64> = (0..120)
+            .map(|i| 0x7f3a_0000_0000 + 40 * (i * 7 % 120))
+            .collect();
+        let lines: Vec<i32> = (0..120).map(|i| 10 + 3 * i).collect();
+        let mut variants = vec![(frames.clone(), lines.clone())];
+        for i in 0..120 {
+            let mut l = lines.clone();
+            l[i] += 1;
+            variants.push((frames.clone(), l));
+            let mut f = frames.clone();
+            f[i] += 40;
+            variants.push((f, lines.clone()));
+            let mut f = frames.clone();
+            f[i] ^= 1 << 48;
+            let mut l = lines.clone();
+            l[i] ^= 1;
+            variants.push((f, l));
+            for apart in [1, 4] {
+                if i + apart < 120 {
+                    let (mut f, mut l) = (frames.clone(), lines.clone());
+                    f.swap(i, i + apart);
+                    l.swap(i, i + apart);
+                    variants.push((f, l));
+                }
+            }
+            variants.push((frames[..i].to_vec(), lines[..i].to_vec()));
+        }
+        let mut slots = std::collections::HashSet::new();
+        let mut checks = std::collections::HashSet::new();
+        for (f, l) in &variants {
+            let (slot, check) = key(f, l, 0).hashes();
+            assert!(slots.insert(slot), "slot hash repeated");
+            assert!(checks.insert(check), "check hash repeated");
+        }
+        assert_eq!(slots.len(), variants.len());
     }
 }
