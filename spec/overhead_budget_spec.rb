@@ -128,4 +128,24 @@ RSpec.describe "overhead budget" do
     truth = result[:truth]
     expect(result[:live]).to be_within(bound(truth, result[:max_interval])).of(truth)
   end
+
+  it "ends its first period after a fifth of the others, so a fresh recorder is held to its budget early" do
+    # The real clocks, not the model: a budget no sampling fits in (0.01% of the CPU time) must
+    # raise the interval once the first period ends, 50 ms of wall time (and 20 ms of the
+    # process's CPU) after start, where the periods after it take 250 ms.
+    result = in_child(60) do
+      rec = DatadogHeap::Recorder.new(sample_every: SAMPLE_EVERY, max_overhead: 0.0001)
+      clock = -> { Process.clock_gettime(Process::CLOCK_MONOTONIC) }
+      started = clock.call
+      rec.start
+      raised_at = nil
+      until raised_at || clock.call - started > 2.0
+        2_000.times { Object.new }
+        raised_at = clock.call - started if rec.stats[:sampler_budget_raises] > 0
+      end
+      rec.stop
+      {raised_at: raised_at}
+    end
+    expect(result[:raised_at]).to be_between(0.05, 0.2)
+  end
 end

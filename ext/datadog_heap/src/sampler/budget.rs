@@ -27,7 +27,7 @@
 //! it), and each timed one is charged for as many: an unbiased estimate of our time at a
 //! sixteenth of the clock's cost. Rare, long stretches (young updates) are always timed. The
 //! process's CPU time (`CLOCK_PROCESS_CPUTIME_ID`) is read only when a period may end, at most
-//! once per `PERIOD_WALL_NS` of wall time, from the commit job (never from the hook).
+//! once per `PERIOD_WALL_NS` of wall time (`FIRST_PERIOD_WALL_NS` for the first period), from the commit job (never from the hook).
 //!
 //! Everything here needs the GVL (the session's Cells); nothing allocates or raises.
 
@@ -36,6 +36,11 @@ use std::cell::Cell;
 /// A period ends once this much wall time went by since it started (long enough for tens of
 /// samples in a busy process, so one period's share is not mostly noise)...
 const PERIOD_WALL_NS: u64 = 250_000_000;
+/// ...except the first after sampling starts, which ends sooner: a fresh recorder in a busy loop
+/// samples at the interval asked for until its first period ends, and over a quarter of a second
+/// that cost a `BasicObject.new` loop on Ruby 3.3 7% of its throughput at 1 in 1024
+/// (`bench/allocation.rb`, 2026-12-05). Its noise is the next periods' to correct.
+const FIRST_PERIOD_WALL_NS: u64 = 50_000_000;
 /// ...and the process used at least this much CPU time in it (too little to measure a ratio
 /// otherwise, and an idle process owes nothing).
 const PERIOD_CPU_NS: u64 = 20_000_000;
@@ -98,6 +103,8 @@ pub struct Budget {
     /// allocation count at the last CPU reading.
     spent_ns: Cell<u64>,
     started_wall_ns: Cell<u64>,
+    /// The period running is the first since [`Budget::restart`].
+    first_period: Cell<bool>,
     started_cpu_ns: Cell<u64>,
     model_cpu_ns: Cell<f64>,
     model_allocations: Cell<u64>,
@@ -125,6 +132,7 @@ impl Budget {
             clock: Cell::new(CostClock::Real),
             spent_ns: Cell::new(0),
             started_wall_ns: Cell::new(0),
+            first_period: Cell::new(true),
             started_cpu_ns: Cell::new(0),
             model_cpu_ns: Cell::new(0.0),
             model_allocations: Cell::new(0),
@@ -257,6 +265,7 @@ impl Budget {
     pub fn restart(&self, program_allocations: u64) {
         self.spent_ns.set(0);
         self.started_wall_ns.set(monotonic_ns());
+        self.first_period.set(true);
         self.started_cpu_ns.set(self.cpu_ns(program_allocations));
     }
 
@@ -284,7 +293,11 @@ impl Budget {
             return None;
         }
         let model = matches!(self.clock.get(), CostClock::Model { .. });
-        if !model && monotonic_ns().saturating_sub(self.started_wall_ns.get()) < PERIOD_WALL_NS {
+        let period_ns = match self.first_period.get() {
+            true => FIRST_PERIOD_WALL_NS,
+            false => PERIOD_WALL_NS,
+        };
+        if !model && monotonic_ns().saturating_sub(self.started_wall_ns.get()) < period_ns {
             return None;
         }
         let now_cpu = self.cpu_ns(if model { program_allocations() } else { 0 });
@@ -296,6 +309,7 @@ impl Budget {
         self.spent_ns.set(0);
         self.started_cpu_ns.set(now_cpu);
         self.started_wall_ns.set(monotonic_ns());
+        self.first_period.set(false);
         self.measured_cpu_ns
             .set(self.measured_cpu_ns.get().saturating_add(cpu));
         let overhead = spent as f64 / cpu as f64;
