@@ -5,9 +5,10 @@
 # count is calibrated to ~0.5 s of CPU per run without a recorder (0.15 s under BENCH_SMOKE):
 # many short rounds rather than a few long ones, so the median drops the rounds a neighbour's
 # burst of load disturbed. Variants: no recorder, an empty NEWOBJ hook (the VM floor), and
-# recorders at sample_every 1024 (the default) and 4 other values: the overhead-vs-interval
-# curve. Times are process CPU time; overhead is the median over rounds of (variant / no
-# recorder) within the round, the order rotating round by round.
+# recorders of each sampler at sample_every 64 to 16384 (MIXED_EVERY): the overhead-vs-interval
+# curve; last, a Recorder.new with nothing given (the default interval, with the budget). Times
+# are process CPU time; overhead is the median over rounds of (variant / no recorder) within the
+# round, the order rotating round by round.
 #
 # Run: rake bench:mixed (or ruby -Ilib bench/mixed.rb; BENCH_SMOKE=1 for a quick run)
 require_relative "support"
@@ -65,7 +66,7 @@ N = (probe * RUN_SECONDS / t).ceil
 VARIANTS = if ENV["MIXED_COUNTDOWN_ONLY"] == "1"
   [:base, :empty_hook, *EVERY].freeze
 else
-  [:base, :empty_hook, *EVERY, *EVERY.map { |e| [:windowed, e] }, [:windowed, 4096, 1000]].freeze
+  [:base, :empty_hook, *EVERY, *EVERY.map { |e| [:windowed, e] }, [:windowed, 4096, 1000], :defaults].freeze
 end
 
 def run(variant)
@@ -73,6 +74,7 @@ def run(variant)
   case variant
   when :base then nil
   when :empty_hook then DatadogHeap::Testing._native_empty_hook(true)
+  when :defaults then rec = DatadogHeap::Recorder.new
   when Array
     rec = DatadogHeap::Recorder.new(sampler: :windowed, sample_every: variant[1], windows_per_second: variant[2] || 100)
   else rec = DatadogHeap::Recorder.new(sampler: :countdown, sample_every: variant)
@@ -107,6 +109,7 @@ rows = VARIANTS.map do |v|
   label = case v
           when :base then "no recorder"
           when :empty_hook then "empty NEWOBJ hook (VM floor)"
+          when :defaults then "Recorder.new (the defaults: #{DatadogHeap::Recorder::SAMPLE_EVERY[:windowed]}, budget)"
           when Array then "windowed, sample_every #{v[1]}#{", #{v[2]} windows/s" if v[2]}"
           else "countdown, sample_every #{v}"
           end

@@ -12,8 +12,10 @@
 # as it would); "countdown recorder" the same with sampler: :countdown (sample_every 1024, the
 # default before issue 22);
 # "empty NEWOBJ hook" switches a hook that does nothing (the floor any NEWOBJ sampler pays on
-# this Ruby); "A/A (both off)" switches nothing, the method's own noise. Each row is its own cluster; the
-# rows alternate round by round. CPU per request: process CPU time (all threads) over requests
+# this Ruby); "A/A (both off)" switches nothing, the method's own noise; "windowed at
+# TOGGLE_SAMPLE_EVERY" (mode dense, only when asked for) is the windowed sampler at that interval
+# (1024 unless set) under the default budget: a denser default, tried before it is one. Each row
+# is its own cluster; the rows alternate round by round. CPU per request: process CPU time (all threads) over requests
 # served, per phase, from the phases that fall wholly inside the timed wrk run. Overhead = the
 # median over phases of (on phase / mean of the off phases beside it) - 1, and the pooled ratio
 # (all on CPU / on requests over all off CPU / off requests) - 1.
@@ -30,13 +32,14 @@ SECONDS = Bench.pick(60, 8)
 PHASE = Bench.pick(2.0, 1.0)
 WARMUP_REQUESTS = Bench.pick(10_000, 1_000)
 ALL_VARIANTS = {"recorder on/off (defaults)" => "on", "countdown recorder on/off" => "countdown", "empty NEWOBJ hook on/off (VM floor)" => "hook",
-                "A/A (both off)" => "off", "countdown at exactly 1024, no budget" => "fixed"}.freeze
+                "A/A (both off)" => "off", "countdown at exactly 1024, no budget" => "fixed",
+                "windowed at TOGGLE_SAMPLE_EVERY (1024), default budget" => "dense"}.freeze
 # TOGGLE_VARIANTS=on,off (modes, comma-separated) runs those rows only; by default every row but
-# "fixed", which is for comparing two builds (TOGGLE_COMPARE_LIB below).
+# "fixed", which is for comparing two builds (TOGGLE_COMPARE_LIB below), and "dense".
 SELECTED = if ENV["TOGGLE_VARIANTS"]
   ALL_VARIANTS.select { |_, m| ENV["TOGGLE_VARIANTS"].split(",").include?(m) }
 else
-  ALL_VARIANTS.reject { |_, m| m == "fixed" }
+  ALL_VARIANTS.reject { |_, m| %w[fixed dense].include?(m) }
 end
 # SERVICE_APPS=sinatra,rails (the default): each row on the sinatra service and on the Rails app
 # of examples/rails_leak (its leak off). BENCH_SMOKE runs the sinatra one only (CI's time; the

@@ -37,7 +37,7 @@ module ServiceToggle
 
     def switch(rec, on)
       case MODE
-      when "on", "windowed", "countdown", "fixed" then on ? rec.start : rec.stop
+      when "on", "windowed", "countdown", "fixed", "dense" then on ? rec.start : rec.stop
       when "hook" then DatadogHeap::Testing._native_empty_hook(on)
       end
     end
@@ -50,6 +50,9 @@ module ServiceToggle
       when "fixed"
         DatadogHeap::Recorder.new(sampler: :countdown, sample_every: Integer(ENV.fetch("TOGGLE_SAMPLE_EVERY", "1024")),
           max_overhead: nil)
+      when "dense"
+        DatadogHeap::Recorder.new(sample_every: Integer(ENV.fetch("TOGGLE_SAMPLE_EVERY", "1024")),
+          max_overhead: DatadogHeap::Recorder::DEFAULTS.fetch(:max_overhead))
       else DatadogHeap::Recorder.new
       end
       phases = []
