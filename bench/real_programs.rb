@@ -26,6 +26,10 @@ require "tmpdir"
 # REAL_PROGRAMS_EVERY=64 and REAL_PROGRAMS_ONLY=rubocop narrow the run.
 # REAL_PROGRAMS_EVERY=defaults: a Recorder.new with nothing given (the sampler, interval and
 # budget a user gets), its interval at the end standing for it in the error columns.
+# The windowed sampler's knobs, with REAL_PROGRAMS_AS_USER=1 (bench/lib/real_programs.rb):
+# REAL_PROGRAMS_WINDOWS=N windows a second, REAL_PROGRAMS_WINDOW_MEAN=M (the mean interval inside
+# windows, 64 by default), REAL_PROGRAMS_GAP_SHARING=0 (each gap credited to the window after it
+# only). REAL_PROGRAMS_EXCESS=1 prints each run's sites whose estimate is furthest from the truth.
 SAMPLE_EVERYS = ENV["REAL_PROGRAMS_EVERY"]&.split(",")&.map { |e| (e == "defaults") ? :defaults : Integer(e, 10) } ||
   Bench.pick([64, 1024], [64])
 RUNS = Integer(ENV.fetch("RUNS", "1"))
@@ -66,6 +70,11 @@ PROGRAMS.each do |name, program|
       RUNS.times do |run|
         r = RealPrograms.in_child { RealPrograms.measure(program, sample_every, dir) }
         est, truth = r[:est], r[:truth]
+        if ENV["REAL_PROGRAMS_EXCESS"] == "1"
+          excess = (est.keys | truth.keys).map { |k| [est.fetch(k, [0])[0] - truth.fetch(k, [0])[0], k] }.sort
+          puts "#{program[:describe]}, #{sample_every}, run #{run + 1}: live objects estimated over (+) and under (-) the truth"
+          (excess.last(8).reverse + excess.first(4)).each { |d, k| puts format("  %+8d  %s", d, k) }
+        end
         asked = sample_every
         n = r[:sample_every] # the interval at exit, at the defaults
         sum = ->(h, i) { h.values.sum { |v| v[i] } }

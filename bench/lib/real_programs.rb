@@ -144,10 +144,15 @@ module RealPrograms
     rec = if sample_every == :defaults
       DatadogHeap::Recorder.new
     elsif ENV["REAL_PROGRAMS_AS_USER"] == "1"
-      DatadogHeap::Recorder.new(sample_every: sample_every)
+      windows = ENV["REAL_PROGRAMS_WINDOWS"]&.then { |w| {windows_per_second: Float(w)} } || {}
+      DatadogHeap::Recorder.new(sample_every: sample_every, **windows)
     else
       DatadogHeap::Recorder.new(sampler: :countdown, sample_every: sample_every, max_overhead: nil)
     end
+    if (mean = ENV["REAL_PROGRAMS_WINDOW_MEAN"])
+      DatadogHeap::Testing._native_set_window_sample_every(Integer(mean, 10))
+    end
+    DatadogHeap::Testing._native_set_gap_sharing(rec, false) if ENV["REAL_PROGRAMS_GAP_SHARING"] == "0"
     rec.start
     started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
     $real_programs_kept = program[:run].call(dir)
