@@ -161,7 +161,11 @@ RSpec.describe "the example puma service under the profiler", :stress do
   it "puts the leaking endpoint's allocation site first, in each long-lived worker and over all of them" do
     [@killed, @survivor].each do |pid|
       sites = but_threads(DatadogHeap::Profile.load(@profiles[pid].last).top(10))
-      expect(sites.first.location).to eq(@leak_site), "worker #{pid}, #{@profiles[pid].last}: #{describe_sites(sites)}"
+      # First as `report` orders rows: those on fewer than 5 samples (rough) after the measured
+      # ones. A single sample of a 16 KiB socket read buffer in flight at exit, at weight 2,988,
+      # once read 49 MB and came before the leak's 32 MB of Hashes and 27 MB of Strings.
+      measured = sites.reject(&:rough?)
+      expect(measured.first&.location).to eq(@leak_site), "worker #{pid}, #{@profiles[pid].last}: #{describe_sites(sites)}"
     end
     merged = sites_by_location(@profiles.values_at(@killed, @survivor).map(&:last))
     expect(merged.max_by { |_, bytes| bytes }.first).to eq(@leak_site), merged.sort_by { |_, b| -b }.first(5).inspect
