@@ -15,10 +15,10 @@
 # this Ruby); "A/A (both off)" switches nothing, the method's own noise; "windowed at
 # TOGGLE_SAMPLE_EVERY" (mode dense, only when asked for) is the windowed sampler at that interval
 # (1024 unless set) under the default budget: a denser default, tried before it is one. Each row
-# is its own cluster; the rows alternate round by round. CPU per request: process CPU time (all threads) over requests
-# served, per phase, from the phases that fall wholly inside the timed wrk run. Overhead = the
-# median over phases of (on phase / mean of the off phases beside it) - 1, and the pooled ratio
-# (all on CPU / on requests over all off CPU / off requests) - 1.
+# is its own cluster; the rows alternate round by round. CPU per request: process CPU time (all
+# threads) over requests served, per phase, from the phases that fall wholly inside the timed wrk
+# run. Overhead = the median over phases of (on phase / mean of the off phases beside it) - 1,
+# and the pooled ratio (all on CPU / on requests over all off CPU / off requests) - 1.
 #
 # Run: rake bench:service_toggle (or ruby -Ilib bench/service_toggle.rb; BENCH_SMOKE=1 for a quick run).
 # Needs puma, ruby-sinatra and wrk (bin/setup --dev installs them).

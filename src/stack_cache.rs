@@ -98,14 +98,14 @@ impl RawStackKey<'_> {
             slot[lane] = fold(slot[lane] ^ frame, line ^ LINE_SLOT);
             check[lane] = fold(check[lane] ^ frame, line ^ LINE_CHECK);
         };
-        let mut quads = frames.chunks_exact(4).zip(lines.chunks_exact(4));
-        for (f, l) in &mut quads {
+        let (frame_quads, line_quads) = (frames.chunks_exact(4), lines.chunks_exact(4));
+        let tail = frame_quads.remainder().iter().zip(line_quads.remainder());
+        for (f, l) in frame_quads.zip(line_quads) {
             for lane in 0..4 {
                 step(lane, f[lane], l[lane]);
             }
         }
-        let done = n - n % 4;
-        for (lane, (&f, &l)) in frames[done..].iter().zip(&lines[done..]).enumerate() {
+        for (lane, (&f, &l)) in tail.enumerate() {
             step(lane, f, l);
         }
         let finish = |lanes: [u64; 4], k: u64| {
@@ -114,6 +114,23 @@ impl RawStackKey<'_> {
                 .fold(k, |h, &lane| fold(h ^ lane, k.rotate_left(17) | 1))
         };
         (finish(slot, LINE_CHECK), finish(check, LINE_SLOT))
+    }
+}
+
+/// A key with its [`RawStackKey::hashes`], computed once for a lookup and for the insert that
+/// follows a miss.
+#[derive(Debug, Clone, Copy)]
+pub struct HashedKey<'a> {
+    pub key: RawStackKey<'a>,
+    hashes: (u64, u64),
+}
+
+impl<'a> From<RawStackKey<'a>> for HashedKey<'a> {
+    fn from(key: RawStackKey<'a>) -> Self {
+        HashedKey {
+            key,
+            hashes: key.hashes(),
+        }
     }
 }
 
@@ -176,8 +193,9 @@ struct Slot {
 }
 
 impl Slot {
-    /// Whether the slot holds `key`, whose [`RawStackKey::hashes`] are `(hash, check)`.
-    fn matches(&self, key: &RawStackKey<'_>, (hash, check): (u64, u64)) -> bool {
+    /// Whether the slot holds `key`.
+    fn matches(&self, &HashedKey { key, hashes }: &HashedKey<'_>) -> bool {
+        let (hash, check) = hashes;
         self.entry.is_some()
             && self.hash == hash
             && self.epoch == key.epoch
@@ -248,13 +266,12 @@ impl StackCache {
     /// The stack last stored for `key` and its record's claims, if any (the caller still checks
     /// that the record was not given back since); a hit becomes its set's last used. Never
     /// allocates.
-    pub fn get(&mut self, key: &RawStackKey<'_>) -> Option<(&Stack, &Rc<Claims>)> {
-        if !self.accepts(key) {
+    pub fn get(&mut self, key: &HashedKey<'_>) -> Option<(&Stack, &Rc<Claims>)> {
+        if !self.accepts(&key.key) {
             return None;
         }
-        let hashes = key.hashes();
-        let set = self.set(hashes.0)?;
-        let way = set.iter().position(|slot| slot.matches(key, hashes))?;
+        let set = self.set(key.hashes.0)?;
+        let way = set.iter().position(|slot| slot.matches(key))?;
         set[..=way].rotate_right(1);
         set[0].entry.as_ref().map(|(stack, claims)| (stack, claims))
     }
@@ -262,22 +279,20 @@ impl StackCache {
     /// Stores `stack` and its record's `claims` for `key` as its set's last used, in the slot
     /// that held `key` or else the one used longest ago. The caller keeps the key's handles
     /// alive and unmoved for as long as the entry stays (see the module docs). Allocates nothing.
-    pub fn insert(&mut self, key: &RawStackKey<'_>, stack: &Stack, claims: Rc<Claims>) {
-        if !self.accepts(key) {
+    pub fn insert(&mut self, key: &HashedKey<'_>, stack: &Stack, claims: Rc<Claims>) {
+        if !self.accepts(&key.key) {
             return;
         }
-        let hashes = key.hashes();
-        let Some(set) = self.set(hashes.0) else {
+        let Some(set) = self.set(key.hashes.0) else {
             return;
         };
-        let held = set.iter().position(|slot| slot.matches(key, hashes));
-        let way = held.unwrap_or(WAYS - 1);
+        let way = (set.iter().position(|slot| slot.matches(key))).unwrap_or(WAYS - 1);
         set[..=way].rotate_right(1);
         let slot = &mut set[0];
-        (slot.hash, slot.check) = hashes;
-        slot.salt = key.salt;
-        slot.epoch = key.epoch;
-        slot.len = key.frames.len();
+        (slot.hash, slot.check) = key.hashes;
+        slot.salt = key.key.salt;
+        slot.epoch = key.key.epoch;
+        slot.len = key.key.frames.len();
         slot.entry = Some((stack.clone(), claims));
     }
 
@@ -325,13 +340,17 @@ mod tests {
         )
     }
 
-    fn key<'a>(frames: &'a [u64], lines: &'a [i32], epoch: u64) -> RawStackKey<'a> {
+    fn raw_key<'a>(frames: &'a [u64], lines: &'a [i32], epoch: u64) -> RawStackKey<'a> {
         RawStackKey {
             frames,
             lines,
             salt: 400,
             epoch,
         }
+    }
+
+    fn key<'a>(frames: &'a [u64], lines: &'a [i32], epoch: u64) -> HashedKey<'a> {
+        raw_key(frames, lines, epoch).into()
     }
 
     #[test]
@@ -364,9 +383,9 @@ mod tests {
         assert!(cache.get(&key(&[10, 21], &[1, 2], 5)).is_none());
         assert!(cache.get(&key(&[10], &[1], 5)).is_none());
         assert!(cache.get(&key(&[10, 20, 30], &[1, 2, 0], 5)).is_none());
-        let mut salted = key(&[10, 20], &[1, 2], 5);
+        let mut salted = raw_key(&[10, 20], &[1, 2], 5);
         salted.salt = 399;
-        assert!(cache.get(&salted).is_none());
+        assert!(cache.get(&salted.into()).is_none());
     }
 
     #[test]
@@ -485,7 +504,7 @@ mod tests {
         let mut slots = std::collections::HashSet::new();
         let mut checks = std::collections::HashSet::new();
         for (f, l) in &variants {
-            let (slot, check) = key(f, l, 0).hashes();
+            let (slot, check) = raw_key(f, l, 0).hashes();
             assert!(slots.insert(slot), "slot hash repeated");
             assert!(checks.insert(check), "check hash repeated");
         }

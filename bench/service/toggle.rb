@@ -10,7 +10,8 @@
 # TOGGLE_MODE=hook switches an empty NEWOBJ hook instead of the recorder (the VM's floor);
 # TOGGLE_MODE=windowed / countdown switches a recorder with that sampler (its other options
 # default); TOGGLE_MODE=fixed a countdown recorder at exactly TOGGLE_SAMPLE_EVERY (default 1024),
-# no budget, so that two builds of the gem take the same samples.
+# no budget, so that two builds of the gem take the same samples; TOGGLE_MODE=dense the windowed
+# sampler at TOGGLE_SAMPLE_EVERY under the default budget (a denser default, tried).
 require "datadog_heap"
 require "json"
 
@@ -18,6 +19,8 @@ module ServiceToggle
   PHASE = Float(ENV.fetch("TOGGLE_PHASE", "2"))
   OUT = ENV.fetch("TOGGLE_OUT")
   MODE = ENV.fetch("TOGGLE_MODE", "on")
+  # The interval of the "fixed" and "dense" modes.
+  SAMPLE_EVERY = Integer(ENV.fetch("TOGGLE_SAMPLE_EVERY", "1024"))
 
   @requests = 0
   @lock = Mutex.new
@@ -47,12 +50,9 @@ module ServiceToggle
     def run
       rec = case MODE
       when "windowed", "countdown" then DatadogHeap::Recorder.new(sampler: MODE.to_sym)
-      when "fixed"
-        DatadogHeap::Recorder.new(sampler: :countdown, sample_every: Integer(ENV.fetch("TOGGLE_SAMPLE_EVERY", "1024")),
-          max_overhead: nil)
+      when "fixed" then DatadogHeap::Recorder.new(sampler: :countdown, sample_every: SAMPLE_EVERY, max_overhead: nil)
       when "dense"
-        DatadogHeap::Recorder.new(sample_every: Integer(ENV.fetch("TOGGLE_SAMPLE_EVERY", "1024")),
-          max_overhead: DatadogHeap::Recorder::DEFAULTS.fetch(:max_overhead))
+        DatadogHeap::Recorder.new(sample_every: SAMPLE_EVERY, max_overhead: DatadogHeap::Recorder::DEFAULTS.fetch(:max_overhead))
       else DatadogHeap::Recorder.new
       end
       phases = []

@@ -10,7 +10,7 @@ use super::{
 use crate::error::{HeapError, Result, FIXNUM_MAX};
 use crate::frame_cache::FrameCache;
 use crate::stack::{RawFrame, Stack};
-use crate::stack_cache::{FrameSource, StackCache};
+use crate::stack_cache::{FrameSource, HashedKey, StackCache};
 use crate::strings::Batch;
 use crate::vm::ObjectRef;
 
@@ -30,7 +30,11 @@ fn acquire_stack<S: FrameSource + ?Sized>(
         ..
     } = state;
     let Caches { stacks, frames, .. } = caches;
-    let key = source.key().filter(|_| stacks.is_active());
+    // Hashed once, for the lookup and for the insert after a miss.
+    let key = source
+        .key()
+        .filter(|_| stacks.is_active())
+        .map(HashedKey::from);
     if let Some(key) = &key {
         if let Some((stack, claims)) = stacks.get(key) {
             if heap_records.acquire_claimed(claims)? {
@@ -64,8 +68,8 @@ fn acquire_stack<S: FrameSource + ?Sized>(
     let (stack, claims) = acquired?;
     if let (Some(key), Some(claims)) = (&key, claims) {
         if epoch.is_none() {
-            enter_frame_cache(frames, stacks, strings, key.epoch)?;
-            frames.hold(key.frames);
+            enter_frame_cache(frames, stacks, strings, key.key.epoch)?;
+            frames.hold(key.key.frames);
         }
         stacks.insert(key, &stack, claims);
     }

@@ -27,7 +27,8 @@
 //! it), and each timed one is charged for as many: an unbiased estimate of our time at a
 //! sixteenth of the clock's cost. Rare, long stretches (young updates) are always timed. The
 //! process's CPU time (`CLOCK_PROCESS_CPUTIME_ID`) is read only when a period may end, at most
-//! once per `PERIOD_WALL_NS` of wall time (`FIRST_PERIOD_WALL_NS` for the first period), from the commit job (never from the hook).
+//! once per `PERIOD_WALL_NS` of wall time (`FIRST_PERIOD_WALL_NS` for the first period), from the
+//! commit job (never from the hook).
 //!
 //! Everything here needs the GVL (the session's Cells); nothing allocates or raises.
 
@@ -103,8 +104,8 @@ pub struct Budget {
     /// allocation count at the last CPU reading.
     spent_ns: Cell<u64>,
     started_wall_ns: Cell<u64>,
-    /// The period running is the first since [`Budget::restart`].
-    first_period: Cell<bool>,
+    /// The running period's least wall time: short for the first since [`Budget::restart`].
+    period_wall_ns: Cell<u64>,
     started_cpu_ns: Cell<u64>,
     model_cpu_ns: Cell<f64>,
     model_allocations: Cell<u64>,
@@ -132,7 +133,7 @@ impl Budget {
             clock: Cell::new(CostClock::Real),
             spent_ns: Cell::new(0),
             started_wall_ns: Cell::new(0),
-            first_period: Cell::new(true),
+            period_wall_ns: Cell::new(FIRST_PERIOD_WALL_NS),
             started_cpu_ns: Cell::new(0),
             model_cpu_ns: Cell::new(0.0),
             model_allocations: Cell::new(0),
@@ -265,7 +266,7 @@ impl Budget {
     pub fn restart(&self, program_allocations: u64) {
         self.spent_ns.set(0);
         self.started_wall_ns.set(monotonic_ns());
-        self.first_period.set(true);
+        self.period_wall_ns.set(FIRST_PERIOD_WALL_NS);
         self.started_cpu_ns.set(self.cpu_ns(program_allocations));
     }
 
@@ -293,11 +294,8 @@ impl Budget {
             return None;
         }
         let model = matches!(self.clock.get(), CostClock::Model { .. });
-        let period_ns = match self.first_period.get() {
-            true => FIRST_PERIOD_WALL_NS,
-            false => PERIOD_WALL_NS,
-        };
-        if !model && monotonic_ns().saturating_sub(self.started_wall_ns.get()) < period_ns {
+        let started = self.started_wall_ns.get();
+        if !model && monotonic_ns().saturating_sub(started) < self.period_wall_ns.get() {
             return None;
         }
         let now_cpu = self.cpu_ns(if model { program_allocations() } else { 0 });
@@ -309,7 +307,7 @@ impl Budget {
         self.spent_ns.set(0);
         self.started_cpu_ns.set(now_cpu);
         self.started_wall_ns.set(monotonic_ns());
-        self.first_period.set(false);
+        self.period_wall_ns.set(PERIOD_WALL_NS);
         self.measured_cpu_ns
             .set(self.measured_cpu_ns.get().saturating_add(cpu));
         let overhead = spent as f64 / cpu as f64;
