@@ -15,11 +15,27 @@ Gem::Specification.new do |spec|
   DESC
   spec.required_ruby_version = ">= 3.1"
 
+  # Where the project lives. Every URI below derives from it; `rake release:check` checks that
+  # they are all set and use https.
+  source = "https://github.com/DataDog/datadog_heap"
+  spec.homepage = source
+  spec.metadata = {
+    "homepage_uri" => source,
+    "source_code_uri" => source,
+    "changelog_uri" => "#{source}/blob/main/CHANGELOG.md",
+    "bug_tracker_uri" => "#{source}/issues",
+    "documentation_uri" => "https://rubydoc.info/gems/datadog_heap/#{spec.version}",
+    # Pushing a version needs the owner's second factor.
+    "rubygems_mfa_required" => "true",
+  }
+
   # Dir globs rather than `git ls-files`, so a checkout with uncommitted files builds too. The
   # binding crate depends on the core crate by path, so the whole Cargo workspace ships: root
   # Cargo.toml and Cargo.lock, src/ and ext/ (never a target/ directory or a stale Makefile).
+  # LICENSE, NOTICE and THIRD_PARTY_NOTICES (the licenses of the crates the extension links in,
+  # `rake licenses:notices`) go in every gem, the platform gems too.
   spec.files = Dir[
-    "README.md", "LICENSE*", "Cargo.toml", "Cargo.lock", "*.gemspec",
+    "README.md", "CHANGELOG.md", "LICENSE", "NOTICE", "THIRD_PARTY_NOTICES", "Cargo.toml", "Cargo.lock", "*.gemspec",
     "src/**/*",
     "ext/**/{Cargo.toml,extconf.rb,*.rs}",
     # ffi/ (the C ABI for Datadog's profiler) is a workspace member: cargo needs its manifest and
