@@ -369,3 +369,59 @@ fn ids_come_from_the_host_with_its_context() {
     drop(r);
     assert_eq!(counter, 43);
 }
+
+thread_local! {
+    /// The recorder `obj_id_letting_a_thread_in` calls back into, as another Ruby thread would.
+    static REENTER: Cell<*const HeapRecorder<Counting>> = const { Cell::new(std::ptr::null()) };
+    /// The shim's weak map as `obj_id_letting_a_thread_in` fills it: record id => object.
+    static WEAK_MAP: RefCell<HashMap<i64, usize>> = RefCell::new(HashMap::new());
+}
+
+/// The 2.42 shim's `obj_id`: a fresh record id and a weak map entry for it. The first call lets
+/// "another thread" in (the weak map call may switch threads), which finalizes the queue too.
+extern "C" fn obj_id_letting_a_thread_in(_ctx: *mut c_void, obj: usize, out: *mut i64) -> i32 {
+    let id = WEAK_MAP.with(|m| {
+        let mut m = m.borrow_mut();
+        let id = m.len() as i64 + 1;
+        m.insert(id, obj);
+        id
+    });
+    // SAFETY: out is the recorder's local.
+    unsafe { *out = id };
+    let recorder = REENTER.with(|r| r.replace(std::ptr::null()));
+    if !recorder.is_null() {
+        // SAFETY: the test points REENTER at a recorder that outlives the finalize call, on this
+        // thread; it is taken out first, so this runs once.
+        unsafe { &*recorder }.finalize_pending_recordings().unwrap();
+    }
+    0
+}
+
+#[test]
+fn a_finalize_that_another_thread_interrupts_leaves_no_weak_map_entry_behind() {
+    let r = HeapRecorder::new(
+        DdheapHost {
+            obj_id: obj_id_letting_a_thread_in,
+            ..host()
+        },
+        Counting::default(),
+    );
+    for obj in [70, 71, 72] {
+        record(&r, obj, &[loc("x", "x.rb", 1)]);
+    }
+    REENTER.with(|p| p.set(&r));
+    r.finalize_pending_recordings().unwrap();
+    let s = r.state_snapshot();
+    assert_eq!((s.num_object_records, s.pending_recordings_count), (3, 0));
+    assert_eq!(s.lifetime.deferred_recordings_finalized, 3);
+    // One entry per object, each the id of an object record. Before recordings were claimed, the
+    // interrupting call took 70's id again and the interrupted one dropped its own: 4 entries, one
+    // orphaned.
+    let map = WEAK_MAP.with(|m| m.borrow().clone());
+    let mut objects: Vec<usize> = map.values().copied().collect();
+    objects.sort();
+    assert_eq!(objects, [70, 71, 72]);
+    for id in map.keys() {
+        assert!(r.is_object_recorded(*id), "weak map entry {id} has no object record");
+    }
+}

@@ -62,6 +62,10 @@ struct PendingRecording {
     object: usize,
     heap_record: HeapRecord,
     data: LiveObjectData,
+    /// Set while a finalize call is taking this object's id: another finalize call that the id
+    /// call lets in leaves it alone, so each recording gets exactly one id (with 2.42's record
+    /// ids, each id is a weak map entry, which must end up in an object record).
+    claimed: bool,
 }
 
 #[derive(Default, Clone, Copy, Debug)]
@@ -304,6 +308,7 @@ impl<S: StringTable> HeapRecorder<S> {
                 object,
                 heap_record,
                 data,
+                claimed: false,
             });
             Ok(())
         })
@@ -363,23 +368,36 @@ impl<S: StringTable> HeapRecorder<S> {
     /// is taken: `rb_obj_id` may run a GC, which would otherwise free (or reuse the slot of) an
     /// object whose recording is only on this stack. Only the recordings queued when the call
     /// began are taken; any that the id calls cause wait for the next call.
+    ///
+    /// The id call may let another thread in, which may call this too: a recording whose id is
+    /// being taken is claimed, and the other call skips it. Without that both calls took an id
+    /// for the same object; with 2.42's record ids the one that lost the race left a weak map
+    /// entry that no object record named (and that no update would ever look up).
     pub fn finalize_pending_recordings(&self) -> Outcome<()> {
         let queued = self.with(|s| s.pending.len());
         let mut result = Ok(());
         for _ in 0..queued {
             // During an update another thread may have released the GVL to us: leave the rest of
             // the queue for the next call instead of changing object_records under the update.
-            let Some(object) = self.with(|s| match s.updating {
-                true => None,
-                false => s.pending.first().map(|p| p.object),
+            let Some(object) = self.with(|s| {
+                if s.updating {
+                    return None;
+                }
+                let p = s.pending.iter_mut().find(|p| !p.claimed)?;
+                p.claimed = true;
+                Some(p.object)
             }) else {
                 break;
             };
             let mut id = 0i64;
             let rc = (self.host.obj_id)(self.host.ctx, object, &mut id);
-            // Another thread the id call let in may have taken it meanwhile.
+            // Only this loop removes pending recordings, and other calls skip a claimed one, so
+            // it is still queued; if it were not, there would be nothing to commit the id to.
             let Some(p) = self.with(|s| {
-                let at = s.pending.iter().position(|p| p.object == object)?;
+                let at = s
+                    .pending
+                    .iter()
+                    .position(|p| p.claimed && p.object == object)?;
                 s.lifetime.deferred_recordings_finalized += 1;
                 Some(s.pending.remove(at))
             }) else {
