@@ -422,6 +422,9 @@ fn a_finalize_that_another_thread_interrupts_leaves_no_weak_map_entry_behind() {
     objects.sort();
     assert_eq!(objects, [70, 71, 72]);
     for id in map.keys() {
-        assert!(r.is_object_recorded(*id), "weak map entry {id} has no object record");
+        assert!(
+            r.is_object_recorded(*id),
+            "weak map entry {id} has no object record"
+        );
     }
 }
