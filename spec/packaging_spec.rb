@@ -24,6 +24,117 @@ RSpec.describe "packaging" do
     expect(spec.executables).to eq(["datadog-heap"])
   end
 
+  it "ships LICENSE, NOTICE and THIRD_PARTY_NOTICES in the source gem and in the platform gems" do
+    spec = Dir.chdir(root) { Gem::Specification.load(File.join(root, "datadog_heap.gemspec")) }
+    expect(spec.files).to include("LICENSE", "NOTICE", "THIRD_PARTY_NOTICES")
+    expect(File.read(File.join(root, "LICENSE"))).to include("Apache License", "Version 2.0, January 2004", "END OF TERMS AND CONDITIONS")
+    # The platform gems' file lists come from the Rakefile's platform_gemspec, which drops the
+    # sources that build the extension: the notices must survive that.
+    out, status = Open3.capture2e(RbConfig.ruby, "-rrake", "-e",
+      'load "Rakefile"; puts platform_gemspec("x86_64-linux").files, "--", platform_gemspec("aarch64-linux", also: ["ffi/"]).files',
+      chdir: root)
+    expect(status).to be_success, out
+    x86, arm = out.split("--\n").map(&:lines).map { |l| l.map(&:chomp) }
+    [x86, arm].each do |files|
+      expect(files).to include("LICENSE", "NOTICE", "THIRD_PARTY_NOTICES", "lib/datadog_heap.rb")
+      expect(files.grep(%r{\A(src|ext)/|\ACargo\.})).to eq([])
+    end
+  end
+
+  it "has the metadata RubyGems shows, and builds without a warning" do
+    spec = Dir.chdir(root) { Gem::Specification.load(File.join(root, "datadog_heap.gemspec")) }
+    expect(spec.homepage).to start_with("https://")
+    expect(spec.metadata.keys).to include("homepage_uri", "source_code_uri", "changelog_uri", "bug_tracker_uri", "documentation_uri")
+    expect(spec.metadata.values_at("homepage_uri", "source_code_uri", "changelog_uri", "bug_tracker_uri", "documentation_uri"))
+      .to all(start_with("https://"))
+    expect(spec.metadata["rubygems_mfa_required"]).to eq("true")
+    expect(spec.license).to eq("Apache-2.0")
+    Dir.mktmpdir("packaging") do |dir|
+      out, status = Open3.capture2e("gem", "build", "datadog_heap.gemspec", "--output", File.join(dir, "x.gem"), chdir: root)
+      expect(status).to be_success, out
+      expect(out).not_to match(/WARNING/i)
+    end
+  end
+
+  describe "the license check (.ci/licenses.rb)" do
+    script = File.join(root, ".ci", "licenses.rb")
+    crates_io = "registry+https://github.com/rust-lang/crates.io-index"
+
+    # A cargo metadata document: the extension crate depending on `deps`, each [name, license]
+    # or [name, license, source], with a crate directory under `dir` holding a LICENSE file.
+    def metadata(dir, deps, crates_io)
+      ext = {"name" => "datadog_heap", "version" => "0.1.0", "id" => "path+file://#{dir}/ext#0.1.0", "source" => nil,
+             "license" => "Apache-2.0", "manifest_path" => File.join(dir, "ext", "Cargo.toml"), "targets" => [{"kind" => ["cdylib"]}]}
+      packages = deps.map do |name, license, source|
+        crate = File.join(dir, "#{name}-1.0.0")
+        FileUtils.mkdir_p(crate)
+        File.write(File.join(crate, "LICENSE"), "#{license} text of #{name}\n")
+        {"name" => name, "version" => "1.0.0", "id" => "#{source || crates_io}##{name}@1.0.0", "source" => source || crates_io,
+         "license" => license, "manifest_path" => File.join(crate, "Cargo.toml"), "targets" => [{"kind" => ["lib"]}]}
+      end
+      nodes = [{"id" => ext["id"], "deps" => packages.map { |p| {"pkg" => p["id"], "dep_kinds" => [{"kind" => nil}]} }}] +
+        packages.map { |p| {"id" => p["id"], "deps" => []} }
+      file = File.join(dir, "metadata.json")
+      File.write(file, JSON.generate("packages" => [ext, *packages], "workspace_members" => [ext["id"]], "resolve" => {"nodes" => nodes}))
+      file
+    end
+
+    define_method(:licenses) do |*args|
+      out, err, status = Open3.capture3(RbConfig.ruby, script, *args)
+      [out, err, status.exitstatus]
+    end
+
+    it "passes allowed licenses, and fails on a disallowed one, naming the crate and its license" do
+      require "json"
+      Dir.mktmpdir("licenses") do |dir|
+        notices = File.join(dir, "NOTICES")
+        allowed = [["permissive", "MIT OR Apache-2.0"], ["either", "GPL-3.0-only OR MIT"], ["legacy", "Apache-2.0/MIT"],
+          ["later", "MPL-2.0+"], ["nested", "ISC AND (Apache-2.0 OR ISC OR MIT-0)"]]
+        doc = metadata(dir, allowed, crates_io)
+        out, err, code = licenses("notices", "--metadata", doc, "--notices", notices)
+        expect([err, code]).to eq(["", 0]), out
+        text = File.read(notices)
+        expect(text).to include("permissive 1.0.0", "either 1.0.0", "MIT OR Apache-2.0 text of permissive")
+        out, err, code = licenses("check", "--metadata", doc, "--notices", notices)
+        expect([err, code]).to eq(["", 0]), out
+        expect(out).to include("all allowed", "is current")
+
+        # A GPL crate added: the check fails and says which crate and which license.
+        doc = metadata(dir, allowed + [["copyleft", "GPL-3.0-only"]], crates_io)
+        _, err, code = licenses("check", "--metadata", doc, "--notices", notices)
+        expect(code).to eq(1)
+        expect(err).to include(%(copyleft 1.0.0: license "GPL-3.0-only" is not in the allowed list))
+        # ... and notices are not written with it in.
+        _, err, code = licenses("notices", "--metadata", doc, "--notices", notices)
+        expect(code).to eq(1)
+        expect(err).to include("copyleft 1.0.0")
+        expect(File.read(notices)).to eq(text)
+      end
+    end
+
+    it "fails on an AND with a disallowed license, a missing license, a source other than crates.io, a banned crate, stale notices" do
+      require "json"
+      Dir.mktmpdir("licenses") do |dir|
+        notices = File.join(dir, "NOTICES")
+        doc = metadata(dir, [["ok", "MIT"]], crates_io)
+        expect(licenses("notices", "--metadata", doc, "--notices", notices).last).to eq(0)
+        bad = [["ok", "MIT"], ["both", "MIT AND LGPL-2.1-or-later"], ["none", nil], ["broken", "MIT OR (Apache-2.0"],
+          ["gitdep", "MIT", "git+https://example.com/gitdep#abc"], ["openssl-sys", "MIT"]]
+        _, err, code = licenses("check", "--metadata", metadata(dir, bad, crates_io), "--notices", notices)
+        expect(code).to eq(1)
+        expect(err).to include(%(both 1.0.0: license "MIT AND LGPL-2.1-or-later" is not in the allowed list),
+          "none 1.0.0: no license expression", "broken 1.0.0: unbalanced parentheses",
+          "gitdep 1.0.0: comes from git+https://example.com/gitdep#abc, not crates.io",
+          "openssl-sys 1.0.0: banned", "NOTICES is stale")
+        expect(err).not_to include("ok 1.0.0:")
+        # An allowed crate added is not an error of its own, but the notices no longer match.
+        _, err, code = licenses("check", "--metadata", metadata(dir, [["ok", "MIT"], ["new", "MIT"]], crates_io), "--notices", notices)
+        expect(code).to eq(1)
+        expect(err).to include("NOTICES is stale").and(satisfy { |e| e.lines.size == 2 })
+      end
+    end
+  end
+
   it "names the Rubies a precompiled gem has extensions for when it has none for this one" do
     Dir.mktmpdir("packaging") do |dir|
       # The Ruby code only: the extensions are replaced by two for Rubies that are not this one.
