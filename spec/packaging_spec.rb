@@ -4,6 +4,7 @@ require_relative "spec_helper"
 require "fileutils"
 require "open3"
 require "rbconfig"
+require "rubygems/package"
 require "tmpdir"
 
 # What the gems carry and how the extension is found. Building and installing the gems is
@@ -132,6 +133,70 @@ RSpec.describe "packaging" do
         expect(code).to eq(1)
         expect(err).to include("NOTICES is stale").and(satisfy { |e| e.lines.size == 2 })
       end
+    end
+  end
+
+  describe "the release check (.ci/release_check.rb)" do
+    script = File.join(root, ".ci", "release_check.rb")
+
+    define_method(:check_files) do |kind, files|
+      out, err, status = Open3.capture3(RbConfig.ruby, script, "--files", kind, stdin_data: files.join("\n"))
+      [out, err, status.exitstatus]
+    end
+
+    it "passes the gemspec's files as a source gem, and as a platform gem with its extensions" do
+      out, status = Open3.capture2e(RbConfig.ruby, "-rrake", "-e",
+        'load "Rakefile"; puts load_gemspec.files, "--", platform_gemspec("x86_64-linux").files', chdir: root)
+      expect(status).to be_success, out
+      source, platform = out.split("--\n").map { |part| part.lines.map(&:chomp) }
+      expect(check_files("source", source)).to eq(["release check: the source gem's files: no problem found\n", "", 0])
+      platform += %w[3.1 3.3 3.4].map { |minor| "lib/datadog_heap/#{minor}/datadog_heap.so" }
+      expect(check_files("platform", platform)).to eq(["release check: the platform gem's files: no problem found\n", "", 0])
+
+      # Stray files, a missing LICENSE, sources in a platform gem, an extension in a source gem.
+      _, err, code = check_files("platform", platform - ["LICENSE"] +
+        %w[target/release/libdatadog_heap.so lib/datadog_heap/recorder.rb~ ext/datadog_heap/src/lib.rs notes.txt])
+      expect(code).to eq(1)
+      expect(err).to include("LICENSE: missing", "target/release/libdatadog_heap.so: a build or scratch directory",
+        "lib/datadog_heap/recorder.rb~: a build artefact or an editor's leftover",
+        "ext/datadog_heap/src/lib.rs: a source file in a platform gem", "notes.txt: not a file a gem is made of")
+      _, err, code = check_files("platform", platform.grep_v(/\.so\z/))
+      expect([err, code]).to eq(["release check: the platform gem's files: 1 problem:\n" \
+        "  lib/datadog_heap/<ruby>/datadog_heap.so: none (a platform gem carries one per Ruby)\n", 1])
+      _, err, code = check_files("source", source + ["lib/datadog_heap/3.1/datadog_heap.so", "lib/datadog_heap/3.1/datadog_heap.so.built-for"])
+      expect(code).to eq(1)
+      expect(err).to include("lib/datadog_heap/3.1/datadog_heap.so: a prebuilt extension in the source gem",
+        "datadog_heap.so.built-for: a build stamp")
+    end
+
+    it "fails a gem whose version is not the project's, and writes no checksum for it" do
+      Dir.mktmpdir("release") do |dir|
+        File.write(File.join(dir, "LICENSE"), "text")
+        spec = Gem::Specification.new do |s|
+          s.name = "datadog_heap"
+          s.version = "9.9.9"
+          s.summary = "wrong version"
+          s.authors = ["x"]
+          s.license = "Apache-2.0"
+          s.homepage = "https://example.com"
+          s.files = ["LICENSE"]
+        end
+        gem = File.join(dir, Dir.chdir(dir) { Gem::DefaultUserInteraction.use_ui(Gem::SilentUI.new) { Gem::Package.build(spec) } })
+        File.write("#{gem}.sha256", "stale")
+        out, err, status = Open3.capture3(RbConfig.ruby, script, gem)
+        expect(status.exitstatus).to eq(1)
+        expect(out).to include("datadog_heap-9.9.9.gem (source, ruby,", "  LICENSE")
+        expect(err).to include(%(datadog_heap-9.9.9.gem: "9.9.9", not "#{DatadogHeap::VERSION}"), "NOTICE: missing",
+          "THIRD_PARTY_NOTICES: missing", "ext/datadog_heap/extconf.rb: missing")
+        expect(File).not_to exist("#{gem}.sha256")
+      end
+    end
+
+    it "finds the versions of the gem, the crates and CHANGELOG in agreement" do
+      out, status = Open3.capture2e(RbConfig.ruby, "-e", 'load ARGV[0]; p ReleaseCheck.version_problems([], release: false), ReleaseCheck.versions.map(&:last).uniq',
+        script)
+      expect(status).to be_success, out
+      expect(out.lines.map(&:chomp)).to eq(["[]", [DatadogHeap::VERSION].inspect])
     end
   end
 
