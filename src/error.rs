@@ -68,13 +68,19 @@ example in a new Thread"
     Pprof(String),
 
     /// Reading a profile would take more memory than its limit (see
-    /// [`crate::pprof::max_profile_bytes`]); `what` says what did not fit.
+    /// [`crate::pprof::profile_limit`]); `what` says what did not fit. `input_bytes` is the size
+    /// of the input when the limit was scaled to it, `None` for a fixed limit.
     #[error(
-        "pprof: reading this profile needs more memory than the limit of {limit} bytes: {what}; \
+        "pprof: reading this profile needs more memory than the limit of {limit} bytes{}: {what}; \
 to read it, set the environment variable {env} to a larger number of bytes",
+        crate::pprof::limit_basis(.input_bytes),
         env = crate::pprof::MAX_PROFILE_BYTES_ENV
     )]
-    ProfileTooLarge { limit: u64, what: String },
+    ProfileTooLarge {
+        limit: u64,
+        input_bytes: Option<u64>,
+        what: String,
+    },
 }
 
 impl HeapError {

@@ -22,15 +22,79 @@ pub const MAX_PROFILE_BYTES_ENV: &str = "DATADOG_HEAP_MAX_PROFILE_BYTES";
 /// typical depth, four times what this gem's default `max_tracked_objects` lets a profile hold.
 pub const DEFAULT_MAX_PROFILE_BYTES: u64 = 1 << 30;
 
+/// When [`MAX_PROFILE_BYTES_ENV`] is not set, a read may also take at most this many times the
+/// bytes it reads (but never less than [`MIN_DEFAULT_PROFILE_BYTES`]): a profile this gem writes
+/// takes 45 to 100 times its gzip file once read, while a file of empty samples asks for 64,000
+/// times its size, so a small file cannot make a command that reads it take a gigabyte.
+pub const MAX_EXPANSION: u64 = 4096;
+
+/// The least a read may take when [`MAX_PROFILE_BYTES_ENV`] is not set, however small its input
+/// (64 MiB: a profile of some 70,000 samples).
+pub const MIN_DEFAULT_PROFILE_BYTES: u64 = 64 << 20;
+
 /// What a heap block costs beyond the bytes asked for: glibc's 8-byte header and rounding to 16,
 /// or its smallest chunk (32 bytes) for a small request.
 pub(super) const MALLOC_SLACK: u64 = 32;
 
-/// The limit for one read: [`MAX_PROFILE_BYTES_ENV`] when it is set and not empty, else
+/// The limit for reads of any size: [`MAX_PROFILE_BYTES_ENV`] when it is set and not empty, else
 /// [`DEFAULT_MAX_PROFILE_BYTES`]. `Err(InvalidArgument)` when it is set to anything but a
-/// positive whole number.
+/// positive whole number. A read of a given input may be held to less: see [`profile_limit`].
 pub fn max_profile_bytes() -> Result<u64> {
     parse_max_profile_bytes(std::env::var_os(MAX_PROFILE_BYTES_ENV))
+}
+
+/// The limit for one read, and whether it was scaled to the input's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProfileLimit {
+    pub bytes: u64,
+    /// The size of the input the limit was scaled to; `None` for a fixed limit.
+    pub input_bytes: Option<u64>,
+}
+
+impl ProfileLimit {
+    /// A limit that does not depend on the input.
+    pub fn fixed(bytes: u64) -> Self {
+        ProfileLimit {
+            bytes,
+            input_bytes: None,
+        }
+    }
+}
+
+/// The limit for reading `input_len` bytes: [`MAX_PROFILE_BYTES_ENV`] when it is set and not
+/// empty, whatever the input; else [`MAX_EXPANSION`] times `input_len`, at least
+/// [`MIN_DEFAULT_PROFILE_BYTES`] and at most [`DEFAULT_MAX_PROFILE_BYTES`].
+/// `Err(InvalidArgument)` when the variable is set to anything but a positive whole number.
+pub fn profile_limit(input_len: usize) -> Result<ProfileLimit> {
+    limit_for_input(std::env::var_os(MAX_PROFILE_BYTES_ENV), input_len)
+}
+
+pub(super) fn limit_for_input(value: Option<OsString>, input_len: usize) -> Result<ProfileLimit> {
+    if value.as_ref().is_some_and(|v| !v.is_empty()) {
+        return parse_max_profile_bytes(value).map(ProfileLimit::fixed);
+    }
+    let input_bytes = input_len as u64;
+    let scaled = input_bytes
+        .saturating_mul(MAX_EXPANSION)
+        .max(MIN_DEFAULT_PROFILE_BYTES);
+    if scaled >= DEFAULT_MAX_PROFILE_BYTES {
+        return Ok(ProfileLimit::fixed(DEFAULT_MAX_PROFILE_BYTES));
+    }
+    Ok(ProfileLimit {
+        bytes: scaled,
+        input_bytes: Some(input_bytes),
+    })
+}
+
+/// How the limit of a `ProfileTooLarge` error was set, for its message: empty for a fixed limit.
+pub(crate) fn limit_basis(input_bytes: &Option<u64>) -> String {
+    match input_bytes {
+        Some(n) => format!(
+            " ({MAX_EXPANSION} times the {n} bytes it is read from, and at least \
+             {MIN_DEFAULT_PROFILE_BYTES})"
+        ),
+        None => String::new(),
+    }
 }
 
 pub(super) fn parse_max_profile_bytes(value: Option<OsString>) -> Result<u64> {
@@ -51,17 +115,17 @@ pub(super) fn parse_max_profile_bytes(value: Option<OsString>) -> Result<u64> {
 /// Bytes a read may still take, out of its limit.
 #[derive(Debug)]
 pub(super) struct MemoryBudget {
-    limit: u64,
+    limit: ProfileLimit,
     spent: u64,
 }
 
 impl MemoryBudget {
-    pub fn new(limit: u64) -> Self {
+    pub fn new(limit: ProfileLimit) -> Self {
         MemoryBudget { limit, spent: 0 }
     }
 
     pub fn left(&self) -> u64 {
-        self.limit - self.spent
+        self.limit.bytes - self.spent
     }
 
     /// Charges `bytes`, or, when they do not fit, returns `ProfileTooLarge` with `what()` (a
@@ -81,7 +145,8 @@ impl MemoryBudget {
 
     pub fn exceeded(&self, what: String) -> HeapError {
         HeapError::ProfileTooLarge {
-            limit: self.limit,
+            limit: self.limit.bytes,
+            input_bytes: self.limit.input_bytes,
             what,
         }
     }

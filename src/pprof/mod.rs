@@ -37,7 +37,11 @@ mod uncertainty;
 #[cfg(test)]
 mod tests;
 
-pub use budget::{max_profile_bytes, DEFAULT_MAX_PROFILE_BYTES, MAX_PROFILE_BYTES_ENV};
+pub(crate) use budget::limit_basis;
+pub use budget::{
+    max_profile_bytes, profile_limit, ProfileLimit, DEFAULT_MAX_PROFILE_BYTES, MAX_EXPANSION,
+    MAX_PROFILE_BYTES_ENV, MIN_DEFAULT_PROFILE_BYTES,
+};
 pub use encode::{
     encode_profile, encode_profile_retained, EncodeOptions, EncodedPprof, RetainedBy,
 };

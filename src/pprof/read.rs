@@ -4,10 +4,11 @@
 //! kind is an `Err(HeapError::Pprof)` naming what was wrong, never a panic.
 //!
 //! Memory is bounded, whatever the input: one read holds at most its limit for the profile
-//! ([`max_profile_bytes`]: the environment variable `DATADOG_HEAP_MAX_PROFILE_BYTES`, else
-//! [`DEFAULT_MAX_PROFILE_BYTES`], 1 GiB) and past it fails with `HeapError::ProfileTooLarge`,
-//! which names the limit and the variable. Each step charges what it will allocate before it
-//! allocates it (see `budget.rs`):
+//! ([`profile_limit`]: the environment variable `DATADOG_HEAP_MAX_PROFILE_BYTES`, else
+//! [`MAX_EXPANSION`] times the input's size, at least [`MIN_DEFAULT_PROFILE_BYTES`] (64 MiB) and
+//! at most [`DEFAULT_MAX_PROFILE_BYTES`] (1 GiB)) and past it fails with
+//! `HeapError::ProfileTooLarge`, which names the limit and the variable. Each step charges what
+//! it will allocate before it allocates it (see `budget.rs`):
 //! - decompression stops before its buffer would pass the limit;
 //! - the protobuf is counted at the wire level (`scan.rs`), and what decoding it and the lists
 //!   and maps [`resolve`] makes from it will take is charged before anything is decoded: a file
@@ -35,14 +36,14 @@ use rustc_hash::FxHasher;
 use crate::error::{HeapError, Result};
 
 use super::budget::{
-    alloc_cost, exact_vec_cost, map_cost, max_profile_bytes, text_cost, vecs_cost, MemoryBudget,
-    MALLOC_SLACK,
+    alloc_cost, exact_vec_cost, map_cost, profile_limit, text_cost, vecs_cost, MemoryBudget,
+    ProfileLimit, MALLOC_SLACK,
 };
 use super::scan::Shape;
 use super::{CLASS_LABEL, GEN_AGE_LABEL, LIVE_SAMPLES_TYPE, LIVE_SIZE_TYPE, RETAINED_BY_LABEL};
 
 #[cfg(doc)]
-use super::budget::DEFAULT_MAX_PROFILE_BYTES;
+use super::budget::{DEFAULT_MAX_PROFILE_BYTES, MAX_EXPANSION, MIN_DEFAULT_PROFILE_BYTES};
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
@@ -119,16 +120,21 @@ impl ProfileData {
     }
 }
 
-/// Reads a gzip, zstd or raw pprof protobuf, holding at most [`max_profile_bytes`] for it.
-/// `Err(InvalidArgument)` when that limit is set to something that is not a number of bytes.
+/// Reads a gzip, zstd or raw pprof protobuf, holding at most [`profile_limit`] for it (scaled to
+/// the size of `bytes` unless `DATADOG_HEAP_MAX_PROFILE_BYTES` is set). `Err(InvalidArgument)`
+/// when that variable is set to something that is not a number of bytes.
 pub fn read_profile(bytes: &[u8]) -> Result<ProfileData> {
-    read_profile_with_limit(bytes, max_profile_bytes()?)
+    read_within(bytes, profile_limit(bytes.len())?)
 }
 
 /// [`read_profile`] holding at most `max_bytes` for the profile (see the module doc for what
-/// that covers), `Err(ProfileTooLarge)` past it.
+/// that covers), whatever the size of `bytes`; `Err(ProfileTooLarge)` past it.
 pub fn read_profile_with_limit(bytes: &[u8], max_bytes: u64) -> Result<ProfileData> {
-    let mut budget = MemoryBudget::new(max_bytes);
+    read_within(bytes, ProfileLimit::fixed(max_bytes))
+}
+
+pub(super) fn read_within(bytes: &[u8], limit: ProfileLimit) -> Result<ProfileData> {
+    let mut budget = MemoryBudget::new(limit);
     let raw = decompress(bytes, &mut budget)?;
     let not_protobuf = |e: &dyn std::fmt::Display| {
         HeapError::Pprof(format!(

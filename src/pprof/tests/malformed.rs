@@ -132,7 +132,7 @@ fn stacks_that_expand_past_the_limit_are_refused() {
     assert!(raw.len() < 10_000);
     let err = read_profile_with_limit(&raw, 1_000_000).unwrap_err();
     assert!(
-        matches!(&err, HeapError::ProfileTooLarge { limit: 1_000_000, what }
+        matches!(&err, HeapError::ProfileTooLarge { limit: 1_000_000, what, .. }
             if what.contains("its stacks expand to more frames than fit (sample 0's has 100000)")),
         "{err}"
     );

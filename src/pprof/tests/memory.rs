@@ -10,7 +10,9 @@ use std::io::Write;
 use proptest::prelude::*;
 
 use super::*;
-use crate::pprof::budget::parse_max_profile_bytes;
+use crate::pprof::budget::{limit_for_input, parse_max_profile_bytes, ProfileLimit};
+use crate::pprof::read::read_within;
+use crate::pprof::{MAX_EXPANSION, MIN_DEFAULT_PROFILE_BYTES};
 use crate::{HeapError, Result};
 
 /// [`System`], plus a count of the bytes held by the threads that turned counting on.
@@ -287,7 +289,7 @@ fn smallest_limit(bytes: &[u8]) -> u64 {
 
 fn refused_with(result: Result<ProfileData>) -> (u64, String) {
     match result {
-        Err(HeapError::ProfileTooLarge { limit, what }) => (limit, what),
+        Err(HeapError::ProfileTooLarge { limit, what, .. }) => (limit, what),
         Err(e) => panic!("expected the limit error, got {e}"),
         Ok(p) => panic!("expected the limit error, read {} samples", p.samples.len()),
     }
@@ -311,6 +313,93 @@ fn ten_million_empty_samples_are_refused_before_decoding() {
     assert!(peak < 40 << 20, "peak {peak} bytes");
     eprintln!(
         "{} bytes of gzip refused in {elapsed:?}, peak {peak} bytes",
+        gz.len()
+    );
+}
+
+#[test]
+fn without_the_variable_the_limit_scales_with_the_input() {
+    let scaled = |len: usize| limit_for_input(None, len).unwrap();
+    let mib = 1u64 << 20;
+    assert_eq!(
+        scaled(10_000),
+        ProfileLimit {
+            bytes: 64 * mib,
+            input_bytes: Some(10_000)
+        }
+    );
+    assert_eq!(scaled(0).bytes, MIN_DEFAULT_PROFILE_BYTES);
+    assert_eq!(scaled(100_000).bytes, 100_000 * MAX_EXPANSION);
+    assert_eq!(scaled(100_000).input_bytes, Some(100_000));
+    // From 256 KiB of input, the fixed bound.
+    assert_eq!(
+        scaled(256 * 1024),
+        ProfileLimit::fixed(DEFAULT_MAX_PROFILE_BYTES)
+    );
+    assert_eq!(
+        scaled(usize::MAX),
+        ProfileLimit::fixed(DEFAULT_MAX_PROFILE_BYTES)
+    );
+    // The variable, when set, is the limit whatever the input's size, smaller or larger.
+    for (value, len, bytes) in [("4294967296", 10, 1u64 << 32), ("1000", 10_000_000, 1000)] {
+        assert_eq!(
+            limit_for_input(Some(OsString::from(value)), len),
+            Ok(ProfileLimit::fixed(bytes))
+        );
+    }
+    assert_eq!(
+        limit_for_input(Some(OsString::new()), 10_000),
+        Ok(scaled(10_000))
+    );
+    assert!(limit_for_input(Some(OsString::from("2GB")), 10).is_err());
+}
+
+#[test]
+fn a_10_kb_file_of_empty_samples_is_refused_at_a_limit_scaled_to_its_size() {
+    // 2.5 million empty samples in 5 to 10 kB of gzip: read within the fixed 1 GiB bound alone
+    // they took the reader to 641 MB of RSS, 64,000 times a 10 kB file.
+    let gz = empty_sample_bomb(2_500_000);
+    assert!(gz.len() < 16 * 1024, "{} bytes", gz.len());
+    let limit = limit_for_input(None, gz.len()).unwrap();
+    let (result, peak) = peak_bytes_during(|| read_within(&gz, limit));
+    let message = result.as_ref().err().map(ToString::to_string);
+    let (refused_at, what) = refused_with(result);
+    assert_eq!(refused_at, MIN_DEFAULT_PROFILE_BYTES);
+    assert!(
+        what.starts_with("its 2500000 samples, 0 locations, 0 functions and 0 strings take about"),
+        "{what}"
+    );
+    let message = message.unwrap();
+    assert!(
+        message.starts_with(&format!(
+            "pprof: reading this profile needs more memory than the limit of 67108864 bytes \
+             (4096 times the {} bytes it is read from, and at least 67108864): its 2500000 samples",
+            gz.len()
+        )),
+        "{message}"
+    );
+    assert!(
+        message.ends_with(
+            "; to read it, set the environment variable DATADOG_HEAP_MAX_PROFILE_BYTES to a \
+             larger number of bytes"
+        ),
+        "{message}"
+    );
+    // The decompressed protobuf (5 MB, in a buffer that doubles), nothing decoded.
+    assert!(peak < 16 << 20, "peak {peak} bytes");
+    // What they need fits the fixed 1 GiB bound: the scaled limit is what refuses them.
+    let needed: u64 = what
+        .split("take about ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{what}"));
+    assert!(
+        (MIN_DEFAULT_PROFILE_BYTES..DEFAULT_MAX_PROFILE_BYTES).contains(&needed),
+        "{needed}"
+    );
+    eprintln!(
+        "{} bytes of gzip ask for {needed}: refused at {refused_at}, peak {peak} bytes",
         gz.len()
     );
 }
