@@ -70,27 +70,186 @@ RSpec.describe DatadogHeap::Middleware do
     expect(hunted).to include("a full GC ran just before this profile")
   end
 
-  it "sums this worker's heap and the latest profile of every other live worker with ?workers=1" do
-    record_some
-    Dir.mktmpdir do |dir|
-      other = Process.spawn(RbConfig.ruby, "-e", "sleep 30")
-      dead = Process.spawn(RbConfig.ruby, "-e", "exit")
-      Process.wait(dead)
-      bytes = recorder.profile
-      %W[heap-#{other}-1 heap-#{other}-2 heap-#{dead}-5 other-#{other}-9].each { |name| File.binwrite(File.join(dir, "#{name}.pb.gz"), bytes) }
-      middleware = described_class.new(app, recorder: recorder, workers_dir: dir)
-      status, _, body = request(middleware, query: "report=1&workers=1")
-      expect(status).to eq(200), body
-      expect(body.lines.first).to include("2 profiles summed").and include("heap-#{other}-2.pb.gz")
-      expect(body).not_to include("heap-#{dead}-5")
-      expect(body).not_to include("heap-#{other}-1.pb.gz")
-      expect(request(middleware, query: "workers=1")[0]).to eq(400)
-      expect(request(described_class.new(app, recorder: recorder), query: "report=1&workers=1")[2]).to include("needs a directory")
-    ensure
-      if other
-        Process.kill("KILL", other)
-        Process.wait(other)
+  describe "?workers=1" do
+    # Processes that stand for other workers, killed after each example.
+    let(:workers) { [] }
+
+    def worker
+      pid = Process.spawn(RbConfig.ruby, "-e", "sleep 30")
+      workers << pid
+      pid
+    end
+
+    def dead_pid
+      pid = Process.spawn(RbConfig.ruby, "-e", "exit")
+      Process.wait(pid)
+      pid
+    end
+
+    # Writes `bytes` as `name` in `dir`, modified `age` seconds ago.
+    def plant(dir, name, bytes, age: 0)
+      path = File.join(dir, name)
+      File.binwrite(path, bytes)
+      at = Time.now - age
+      File.utime(at, at, path)
+      path
+    end
+
+    after do
+      workers.each do |pid|
+        Process.kill("KILL", pid)
+        Process.wait(pid)
       end
+    end
+
+    it "sums this worker's heap now and the newest fresh file of each other live worker, listing what it took and skipped" do
+      record_some
+      Dir.mktmpdir do |dir|
+        one, two = worker, worker
+        dead = dead_pid
+        bytes = recorder.profile
+        # A profile far larger than this process's: summed in, it would be most of the total.
+        big = DatadogHeap::Recorder.new(sample_every: 1)
+        big.start
+        kept.concat(Array.new(2000) { |i| "planted #{i}" * 20 })
+        big.stop
+        GC.start
+        planted = big.profile
+        # After a restart with a persistent directory: pid 1 (init, or the container's first
+        # process) wrote this an hour ago, in an earlier run.
+        plant(dir, "heap-1-999.pb.gz", planted, age: 3600)
+        # A live worker's files: the higher number is older (its pid was reused by this run).
+        plant(dir, "heap-#{one}-1.pb.gz", bytes, age: 5)
+        plant(dir, "heap-#{one}-9.pb.gz", planted, age: 40)
+        # A live pid whose newest file is stale: it stopped writing ten minutes ago.
+        plant(dir, "heap-#{two}-3.pb.gz", planted, age: 600)
+        plant(dir, "heap-#{dead}-5.pb.gz", planted)
+        plant(dir, "heap-#{Process.pid}-2.pb.gz", planted)
+        plant(dir, "other-#{one}-9.pb.gz", planted)
+        middleware = described_class.new(app, recorder: recorder, workers_dir: dir, workers_max_age: 60)
+        status, _, body = request(middleware, query: "report=1&workers=1")
+        expect(status).to eq(200), body
+        expect(body.lines.first).to include("2 profiles summed (heap of pid #{Process.pid}, #{dir}/heap-#{one}-1.pb.gz)")
+        notes = body.lines.grep(/\ANote: datadog_heap: workers=1/).map { |line| line.chomp.sub("Note: datadog_heap: workers=1: ", "") }
+        expect(notes.first).to eq("this process's heap (pid #{Process.pid}) now, plus the newest file of each other worker " \
+          "written in the last 60 s in #{dir}: 1 taken, 5 skipped")
+        expect(notes).to include("took heap-#{one}-1.pb.gz (pid #{one}, written 5 s ago)",
+          "skipped heap-#{one}-9.pb.gz: pid #{one} wrote heap-#{one}-1.pb.gz after it (the newest file of a pid is taken)",
+          a_string_starting_with("skipped heap-#{two}-3.pb.gz: written 10 min ago, more than 60 s"),
+          "skipped heap-#{dead}-5.pb.gz: pid #{dead} is not running",
+          "skipped heap-#{Process.pid}-2.pb.gz: this process's own file (its heap is read live instead)")
+        # pid 1 is alive for root (then its file is an hour old) and another user's otherwise.
+        expect(notes).to include(a_string_matching(/\Askipped heap-1-999\.pb\.gz: (written 60 min ago|pid 1 belongs to another user)/))
+        expect(notes.join).not_to include("other-#{one}")
+        # What was summed: twice this heap (this process now, and the file of the same bytes).
+        own = DatadogHeap::Profile.parse(bytes).total_objects
+        expect(body.lines.first).to include(" #{2 * own} live objects")
+
+        # The same in the HTML page's notes.
+        status, _, page = request(middleware, query: "html=1&workers=1")
+        expect(status).to eq(200)
+        expect(page).to include("<li>datadog_heap: workers=1: took heap-#{one}-1.pb.gz", "skipped heap-1-999.pb.gz: ")
+      end
+    end
+
+    it "skips a file whose process kill(0) refuses with EPERM: another user's, not one of this app's workers" do
+      record_some
+      Dir.mktmpdir do |dir|
+        foreign = worker
+        plant(dir, "heap-#{foreign}-1.pb.gz", recorder.profile)
+        allow(Process).to receive(:kill).and_call_original
+        allow(Process).to receive(:kill).with(0, foreign).and_raise(Errno::EPERM)
+        _, _, body = request(described_class.new(app, recorder: recorder, workers_dir: dir, workers_max_age: 60), query: "report=1&workers=1")
+        expect(body.lines.first).to start_with("heap of pid #{Process.pid}:")
+        expect(body).to include("skipped heap-#{foreign}-1.pb.gz: pid #{foreign} belongs to another user, so it is not one of this app's workers")
+      end
+    end
+
+    it "needs report=1 or html=1, a directory and a maximum age" do
+      Dir.mktmpdir do |dir|
+        status, _, body = request(described_class.new(app, recorder: recorder, workers_dir: dir, workers_max_age: 60), query: "workers=1")
+        expect([status, body]).to match([400, a_string_including("workers= shapes the report: it needs report=1 or html=1")])
+        status, _, body = request(described_class.new(app, recorder: recorder), query: "report=1&workers=1")
+        expect([status, body]).to match([400, a_string_including("needs a directory")])
+        status, _, body = request(described_class.new(app, recorder: recorder, workers_dir: dir), query: "report=1&workers=1")
+        expect([status, body]).to match([400, a_string_including("workers=1 needs to know how often the workers write", "workers_max_age:")])
+      end
+      expect { described_class.new(app, workers_max_age: 0) }.to raise_error(ArgumentError, /workers_max_age must be above 0 .*got 0/)
+      expect { described_class.new(app, workers_max_age: "60") }.to raise_error(TypeError, /workers_max_age must be a number, got "60"/)
+    end
+
+    it "allows three writer intervals, at least 10 seconds (the Railtie passes config.datadog_heap.interval)" do
+      expect(DatadogHeap::WorkersView.max_age_for(60)).to eq(180)
+      expect(DatadogHeap::WorkersView.max_age_for(1)).to eq(10)
+    end
+  end
+
+  # The query is strict: what the endpoint does not take is a 400 naming what it does take.
+  describe "the query" do
+    let(:middleware) { described_class.new(app, recorder: recorder) }
+
+    def refused(query)
+      status, _, body = request(middleware, query: query)
+      expect(status).to eq(400), "#{query}: #{status} #{body[0, 200]}"
+      body
+    end
+
+    it "refuses an unknown parameter, naming it and the accepted ones" do
+      record_some
+      ["foo=1", "report=1&foo=1", "Report=1", "html=1&colour=red", "report=1&top=3&groups=gem"].each do |query|
+        name = query[/(?:\A|&)(foo|Report|colour|groups)=/, 1]
+        expect(refused(query)).to eq("datadog_heap: unknown parameter \"#{name}\": the endpoint takes report, html, top, by, " \
+          "group, wide, gc, retainers, workers (docs/http-endpoint.md)\n")
+      end
+    end
+
+    it "refuses a parameter given twice" do
+      expect(refused("report=1&report=1")).to include("report is given more than once")
+      expect(refused("report=1&top=3&top=4")).to include("top is given more than once")
+    end
+
+    it "reads every flag the same way: 1 or true, 0 or false, nothing else" do
+      record_some
+      %w[report html wide gc retainers workers].each do |flag|
+        ["yes", "no", "2", "on", "TRUE", "", "1 "].each do |value|
+          query = "#{flag}=#{URI.encode_www_form_component(value)}"
+          query = "report=1&#{query}" if %w[wide workers].include?(flag)
+          expect(refused(query)).to include("#{flag} must be 1 or true, 0 or false, got #{value.inspect}")
+        end
+      end
+      expect(request(middleware, query: "report=true")[1]["content-type"]).to start_with("text/plain")
+      expect(request(middleware, query: "report=1&html=false")[1]["content-type"]).to start_with("text/plain")
+      %w[report=0 report=false html=0].each do |query|
+        expect(request(middleware, query: query)[1]["content-type"]).to eq("application/octet-stream"), query
+      end
+      expect(request(middleware, query: "report=1&gc=true")[2]).to include("a full GC ran just before this profile")
+      expect(request(middleware, query: "report=1&gc=false")[2]).to include("no full GC ran just before this profile")
+    end
+
+    it "refuses report options without a report: the pprof is the whole heap" do
+      {"top=5" => "top=", "by=count" => "by=", "group=gem" => "group=", "wide=1" => "wide=", "report=0&top=3" => "top="}.each do |query, name|
+        expect(refused(query)).to include("#{name} shapes the report: it needs report=1 or html=1"), query
+      end
+      # gc= and retainers= shape the pprof too.
+      expect(request(middleware, query: "gc=1&retainers=0")[0]).to eq(200)
+    end
+
+    it "groups and ranks as `datadog-heap report --group/--by` do, and refuses what they refuse" do
+      record_some
+      {"group=class" => /^Top \d+ of \d+ class(es)? by live bytes/, "group=file" => /^Top \d+ of \d+ files? by live bytes/,
+       "group=location" => /^Top \d+ of \d+ locations? by live bytes/, "group=gem" => /^Top \d+ of \d+ gems? by live bytes/,
+       "group=site&by=count" => /^Top \d+ of \d+ sites? by live objects/, "by=size" => /^Top \d+ of \d+ sites? by live bytes/}.each do |query, header|
+        status, _, body = request(middleware, query: "report=1&#{query}")
+        expect(status).to eq(200), query
+        expect(body).to match(header), "#{query}:\n#{body}"
+      end
+      classes = request(middleware, query: "report=1&group=class")[2]
+      expect(classes).to match(/^ .*  String$/)
+      expect(request(middleware, query: "html=1&group=file")[2]).to match(/<h2>Top \d+ of \d+ files? by live bytes<\/h2>/)
+      expect(refused("report=1&group=frame")).to include('group must be site, location, file, gem or class (as `datadog-heap report --group`), got "frame"')
+      expect(refused("report=1&by=bytes")).to include('by must be size or count (as `datadog-heap report --by`), got "bytes"')
+      expect(refused("report=1&top=10000")).to include('top must be an Integer between 1 and 1000, got "10000"')
+      expect(refused("report=1&top=1e3")).to include('got "1e3"')
     end
   end
 
@@ -186,8 +345,9 @@ RSpec.describe DatadogHeap::Middleware do
     middleware = described_class.new(app, recorder: recorder)
     status, headers, = request(middleware, method: "POST")
     expect([status, headers["allow"]]).to eq([405, "GET"])
-    {"top=0" => 'top must be an Integer between 1 and 1000, got "0"', "top=x" => 'got "x"',
-     "by=age" => 'by must be size or count, got "age"', "report=maybe" => 'report must be 1 or 0, got "maybe"'}.each do |query, message|
+    {"report=1&top=0" => 'top must be an Integer between 1 and 1000, got "0"', "report=1&top=x" => 'got "x"',
+     "report=1&by=age" => 'by must be size or count (as `datadog-heap report --by`), got "age"',
+     "report=maybe" => 'report must be 1 or true, 0 or false, got "maybe"'}.each do |query, message|
       status, _, body = request(middleware, query: query)
       expect(status).to eq(400), query
       expect(body).to include(message)

@@ -19,9 +19,11 @@ RSpec.describe "datadog-heap report --html" do
   include ProfileFixtures
 
   REPORT_HTML_SCREENSHOT = File.expand_path("../tmp/report-html.png", __dir__)
-  # The elements a page that runs nothing and fetches nothing is made of.
+  # The elements a page that fetches nothing is made of; its one script is FlameGraph::SCRIPT,
+  # beside the flame graph's data block.
   REPORT_HTML_TAGS = %w[html head meta title style body h1 h2 h3 p section table thead tbody tr th td ul li div span
-    svg g rect text line circle polyline footer].freeze
+    svg g rect text line circle polyline footer nav label input select option button].freeze
+  FLAME_DATA = %r{<script type="application/json" id="flame-data">[^<]*</script>}
 
   let(:dir) { Dir.mktmpdir("datadog-heap-html") }
   let(:keep) { [] }
@@ -37,9 +39,14 @@ RSpec.describe "datadog-heap report --html" do
   # attribute that is an event handler, a source or a link, a style that loads anything. Text
   # from a profile is escaped, so every `<` left starts a tag of the page's own.
   def active_markup(page)
+    # The data block (every `<` in it escaped) and the script, as FlameGraph wrote it: once each.
+    scripts = page.scan(%r{<script.*?</script>}m)
+    known = ["<script>#{DatadogHeap::FlameGraph::SCRIPT}</script>"]
+    unexpected = scripts.reject { |s| known.delete(s) || FLAME_DATA.match?(s) } + page.scan(FLAME_DATA).drop(1)
+    page = page.gsub(%r{<script.*?</script>}m, "")
     # Attribute values emptied: a quote inside one is escaped (&quot;), so each ends at the next `"`.
     tags = page.scan(/<[^!\/][^>]*>/).map { |tag| tag.gsub(/"[^"]*"/, '""') }
-    tags.reject { |tag| REPORT_HTML_TAGS.include?(tag[/\A<([\w-]+)/, 1]) } +
+    unexpected + tags.reject { |tag| REPORT_HTML_TAGS.include?(tag[/\A<([\w-]+)/, 1]) } +
       tags.grep(/\son\w+\s*=|\s(?:src|href|action|formaction)\s*=|javascript:/i) +
       page.scan(%r{<style>.*?</style>}m).grep(/url\(|@import/)
   end
@@ -56,6 +63,7 @@ RSpec.describe "datadog-heap report --html" do
     expect(page).to start_with("<!DOCTYPE html>").and end_with("</html>\n")
     # Nothing to run, nothing to fetch: the only URL is SVG's namespace.
     expect(active_markup(page)).to eq([])
+    expect(page.scan("<script").size).to eq(2)
     expect(page.scan(%r{https?://[^"\s]+}).uniq).to eq(["http://www.w3.org/2000/svg"])
 
     facts = section(page, "profile")
@@ -255,12 +263,19 @@ RSpec.describe "datadog-heap report --html" do
       expect(html).to be < pprof + 10
       expect(headers).to include("content-type" => "text/html; charset=utf-8", "content-length" => body.bytesize.to_s,
         "x-content-type-options" => "nosniff")
-      expect(headers["content-security-policy"]).to include("default-src 'none'")
+      # The one inline style and the one inline script, by hash; nothing inline beside them.
+      policy = headers["content-security-policy"]
+      expect(policy.split("; ")).to eq(["default-src 'none'", "script-src 'sha256-#{Digest::SHA256.base64digest(DatadogHeap::FlameGraph::SCRIPT)}'",
+        "style-src 'sha256-#{Digest::SHA256.base64digest(body[%r{<style>(.*?)</style>}m, 1])}'", "base-uri 'none'",
+        "form-action 'none'", "frame-ancestors 'none'"])
+      expect(body.scan(%r{<script>(.*?)</script>}m).flatten).to eq([DatadogHeap::FlameGraph::SCRIPT])
+      expect(body).not_to match(/\sstyle=/)
       expect(body).to include('<svg class="flame"', "<h2>Top ", "<th>Process</th><td>pid #{Process.pid}</td>")
       expect(body).to include(File.basename(__FILE__))
       expect(active_markup(body)).to eq([])
-      {"html=maybe" => 'html must be 1 or 0, got "maybe"', "html=1&report=1" => "pick one",
-       "wide=2" => 'wide must be 1 or 0, got "2"', "workers=1" => "workers=1 needs report=1 or html=1"}.each do |query, message|
+      {"html=maybe" => 'html must be 1 or true, 0 or false, got "maybe"', "html=1&report=1" => "pick one",
+       "html=1&wide=2" => 'wide must be 1 or true, 0 or false, got "2"', "workers=1" => "workers= shapes the report: it needs report=1 or html=1",
+       "html=1&zoom=3" => 'unknown parameter "zoom"'}.each do |query, message|
         status, _, body = request(query)
         expect([status, body]).to match([400, a_string_including(message)]), query
       end
@@ -296,10 +311,12 @@ RSpec.describe "datadog-heap report --html" do
     expect(status.success?).to be(true), log2
     # The browser parsed the flame graph (frames with their tooltips) and both tables.
     expect(dom).to include('<svg class="flame"', "<title>all: ")
-    expect(dom.scan(/<g class="f">/).size).to be > 10
+    expect(dom.scan(/<g class="f" data-i="\d+">/).size).to be > 10
     expect(dom).to match(%r{<section id="sites">\s*<h2>Top 10 of \d+ sites by live bytes</h2>\s*<table class="rows">})
     expect(dom).to include("ReportHtmlSpecWork.cache", "<section id=\"classes\">")
-    expect(dom).not_to match(/<script|<img/)
+    expect(dom).not_to match(/<img/)
+    # The script ran and drew the graph again: the controls are shown.
+    expect(dom).to include('<svg class="flame"', 'data-script="on"', '<div class="flame-controls" id="flame-controls">')
     # Console messages are logged as `CONSOLE(line)] "message"` (or "Uncaught ..."); none.
     console = (log + log2).lines.grep(/CONSOLE|Uncaught|SyntaxError/)
     expect(console).to eq([])

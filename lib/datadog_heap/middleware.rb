@@ -30,20 +30,27 @@ module DatadogHeap
   #   others get 403. Host and proxy headers are not looked at.
   # Only GET (405 otherwise). Query: `report=1` (text instead of pprof), `html=1` (the HTML page
   # of `datadog-heap report --html` instead: flame graph, top sites and classes, facts and notes;
-  # served with a Content-Security-Policy that allows no script and no fetch), `top=N` (1 to 1000,
-  # default 10), `by=size|count`, `wide=1` (full paths, rows uncut), `gc=1` (a full GC first, so
-  # garbage not yet collected is not listed; the default is the recorder's preset's, see
-  # Recorder#gc_before_profile?; the profile's notes say whether one ran), `retainers=1`
-  # (retainer paths; default: the preset's); a bad value gets 400 naming it. The endpoint's own
-  # allocations are never sampled.
+  # served with a Content-Security-Policy that allows its one inline script and style, by hash,
+  # and nothing else), `top=N` (1 to 1000, default 10), `by=size|count` and
+  # `group=site|location|file|gem|class` (as `datadog-heap report --by/--group`), `wide=1` (full
+  # paths, rows uncut), `gc=1` (a full GC first, so garbage not yet collected is not listed; the
+  # default is the recorder's preset's, see Recorder#gc_before_profile?; the profile's notes say
+  # whether one ran), `retainers=1` (retainer paths; default: the preset's). Every flag takes
+  # 1 or true, 0 or false. The query is strict: an unknown parameter, one given twice, a bad
+  # value, or a report option (top, by, group, wide, workers) without report=1 or html=1 gets a
+  # 400 naming it and what is accepted. The endpoint's own allocations are never sampled.
   #
   # In a cluster (puma workers, unicorn) each connection reaches one worker. With `workers_dir:`
-  # (the Railtie passes its `output`), `?workers=1&report=1` (or `&html=1`) reports the sum of this
-  # worker's heap now and the latest profile each other live process wrote there (`heap-<pid>-<n>.pb.gz`, as auto
-  # mode and the Railtie name them; a process is live while `kill(0)` says so). Those are up to one
-  # writer `interval` old; the report's header lists the files summed. The profile is the process-wide
-  # recorder's (DatadogHeap.start, auto mode, the Railtie) unless `recorder:` names another; 503
-  # while there is none. Building a profile runs a full update under the GVL (see
+  # and `workers_max_age:` (the Railtie passes its `output` and WorkersView.max_age_for(its
+  # `interval`)), `?workers=1&report=1` (or `&html=1`) reports the sum of this worker's heap now
+  # and, for each other worker, the newest profile it wrote there (`heap-<pid>-<n>.pb.gz`, as auto
+  # mode and the Railtie name them), by modification time. A file is taken only when its process
+  # runs as this one's user (`kill(0)` succeeds: EPERM means another user's process, not ours) and
+  # it was written less than `workers_max_age` seconds ago (older ones are left by a process that
+  # stopped writing, or by an earlier run whose pid was reused). The report's notes list every
+  # file taken and every file skipped, with why (see WorkersView). The profile is the
+  # process-wide recorder's (DatadogHeap.start, auto mode, the Railtie) unless `recorder:` names
+  # another; 503 while there is none. Building a profile runs a full update under the GVL (see
   # Recorder#profile), so requests are served one at a time. Nothing here raises into the server:
   # a failure is a 500 naming it.
   class Middleware
@@ -65,12 +72,13 @@ module DatadogHeap
     FOREIGN_HOST = "datadog_heap: refused: without a token the heap is served only to requests for localhost, " \
       "127.0.0.1 or [::1] (any port); a web page can reach this port under a name of its own (DNS rebinding). " \
       "#{TOKEN_HINT}\n"
-    # What the HTML page may do in a browser: show its own inline styles and SVG, nothing else
-    # (no script, no request, no form, no frame).
-    HTML_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; " \
-      "frame-ancestors 'none'"
-    TRUE_VALUES = %w[1 true yes].freeze
-    FALSE_VALUES = ["", "0", "false", "no"].freeze
+    # The query parameters the endpoint takes; FLAGS take 1/true or 0/false; REPORT_OPTIONS shape
+    # the report, so they need report=1 or html=1.
+    PARAMETERS = %w[report html top by group wide gc retainers workers].freeze
+    FLAGS = %w[report html wide gc retainers workers].freeze
+    FLAG_VALUES = {"1" => true, "true" => true, "0" => false, "false" => false}.freeze
+    REPORT_OPTIONS = %w[top by group wide workers].freeze
+    BY = %w[size count].freeze
 
     # A query parameter the endpoint cannot use; answered with 400.
     class BadRequest < StandardError; end
@@ -80,9 +88,17 @@ module DatadogHeap
     # `path`: where the endpoint answers (a String starting with "/"). `token`: nil (loopback
     # clients only) or the bearer token clients must send (a non-empty String). `recorder`: nil
     # (DatadogHeap.recorder at each request) or a DatadogHeap::Recorder.
-    def initialize(app, path: DEFAULT_PATH, token: nil, recorder: nil, workers_dir: nil)
+    # `workers_dir`: nil, or the directory the cluster's workers write their profiles to;
+    # `workers_max_age`: nil, or the age in seconds past which a worker's file is stale (a few of
+    # the writer's intervals: WorkersView.max_age_for). `?workers=1` needs both.
+    def initialize(app, path: DEFAULT_PATH, token: nil, recorder: nil, workers_dir: nil, workers_max_age: nil)
       @app = app
       @workers_dir = NilClass === workers_dir ? nil : Validate.path!(:workers_dir, workers_dir)
+      @workers_max_age = if NilClass === workers_max_age
+        nil
+      else
+        Validate.positive_number!(:workers_max_age, workers_max_age, WorkersView::MAX_AGE_LIMIT)
+      end
       @path = self.class.check_path(path)
       @token_digest = NilClass === (token = self.class.check_token(token)) ? nil : Digest::SHA256.digest(token)
       unless NilClass === recorder || Recorder === recorder
@@ -141,17 +157,17 @@ module DatadogHeap
       return text(405, "datadog_heap: #{@path} answers GET only\n", "allow" => "GET") unless env["REQUEST_METHOD"] == "GET"
 
       query = parse_query(env["QUERY_STRING"].to_s)
+      if query[:workers]
+        raise BadRequest, "workers=1 needs a directory the workers write to (config.datadog_heap.output)" unless @workers_dir
+        unless @workers_max_age
+          raise BadRequest, "workers=1 needs to know how often the workers write, to tell their files from stale ones " \
+            "(config.datadog_heap.interval; DatadogHeap::Middleware's workers_max_age:)"
+        end
+      end
       recorder = @recorder || DatadogHeap.recorder
       return text(503, "datadog_heap: not recording in this process (pid #{Process.pid}): DatadogHeap.start was never called\n") unless recorder
 
       retainers = query[:retainers].nil? ? recorder.retainers_by_default? : query[:retainers]
-      raise BadRequest, "report=1 and html=1 ask for two formats: pick one" if query[:report] && query[:html]
-      if query[:workers]
-        unless query[:report] || query[:html]
-          raise BadRequest, "workers=1 needs report=1 or html=1 (the pprof of each worker is in its own files)"
-        end
-        raise BadRequest, "workers=1 needs a directory the workers write to (config.datadog_heap.output)" unless @workers_dir
-      end
       bytes = @lock.synchronize { recorder.profile(gc: query[:gc], retainers: retainers || nil) }
       return DatadogHeap.own_work { report(bytes, query) } if query[:report] || query[:html]
 
@@ -209,49 +225,73 @@ module DatadogHeap
       false
     end
 
+    # The query as {report:, html:, top:, by:, group:, wide:, gc:, retainers:, workers:}, gc and
+    # retainers nil when not given. Raises BadRequest naming a parameter the endpoint does not
+    # take, one given twice, a bad value, or a report option without a report.
     def parse_query(string)
-      params = begin
-        URI.decode_www_form(string).to_h
+      pairs = begin
+        URI.decode_www_form(string)
       rescue ArgumentError => e
         raise BadRequest, "the query string is not valid: #{e.message}"
       end
-      {report: flag(params, "report"), html: flag(params, "html"), top: top(params["top"]), by: by(params["by"]),
-       wide: flag(params, "wide"), gc: flag(params, "gc", nil), retainers: flag(params, "retainers", nil),
-       workers: flag(params, "workers")}
+      params = {}
+      pairs.each do |name, value|
+        unless PARAMETERS.include?(name)
+          raise BadRequest, "unknown parameter #{Validate.show(name)}: the endpoint takes #{PARAMETERS.join(", ")} " \
+            "(docs/http-endpoint.md)"
+        end
+        raise BadRequest, "#{name} is given more than once: give it once" if params.key?(name)
+
+        params[name] = value
+      end
+      query = {report: flag(params, "report", false), html: flag(params, "html", false), top: top(params["top"]),
+               by: choice(params, "by", BY, "size"), group: choice(params, "group", Profile::GROUPS.map(&:to_s), "site"),
+               wide: flag(params, "wide", false), gc: flag(params, "gc", nil), retainers: flag(params, "retainers", nil),
+               workers: flag(params, "workers", false)}
+      raise BadRequest, "report=1 and html=1 ask for two formats: pick one" if query[:report] && query[:html]
+      unless query[:report] || query[:html]
+        given = REPORT_OPTIONS.find { |name| params.key?(name) }
+        if given
+          raise BadRequest, "#{given}= shapes the report: it needs report=1 or html=1 (without them the endpoint " \
+            "serves this process's pprof#{", and each worker's pprof is in its own files" if given == "workers"})"
+        end
+      end
+      query
     end
 
-    def flag(params, name, default = false)
+    def flag(params, name, default)
       value = params[name]
       return default if value.nil?
-      return true if TRUE_VALUES.include?(value)
-      return false if FALSE_VALUES.include?(value)
+      return FLAG_VALUES[value] if FLAG_VALUES.key?(value)
 
-      raise BadRequest, "#{name} must be 1 or 0, got #{Validate.show(value)}"
+      raise BadRequest, "#{name} must be 1 or true, 0 or false, got #{Validate.show(value)}"
     end
 
     def top(value)
       return CLI::DEFAULT_TOP if value.nil?
 
-      n = Integer(value, 10, exception: false)
+      n = value.match?(/\A\d{1,4}\z/) ? Integer(value, 10) : nil
       return n if n&.between?(1, MAX_TOP)
 
       raise BadRequest, "top must be an Integer between 1 and #{MAX_TOP}, got #{Validate.show(value)}"
     end
 
-    def by(value)
-      return :size if value.nil?
-      return value.to_sym if %w[size count].include?(value)
+    # by= and group=: one of `accepted`, as `datadog-heap report --by/--group` takes them.
+    def choice(params, name, accepted, default)
+      value = params.fetch(name, default)
+      return value.to_sym if accepted.include?(value)
 
-      raise BadRequest, "by must be size or count, got #{Validate.show(value)}"
+      raise BadRequest, "#{name} must be #{accepted[0..-2].join(", ")} or #{accepted[-1]} " \
+        "(as `datadog-heap report --#{name}`), got #{Validate.show(value)}"
     end
 
     # The text report (report=1) or the HTML page (html=1) of the profile `bytes`.
     def report(bytes, query)
       profile = Profile.parse(bytes, path: "heap of pid #{Process.pid}")
-      profile = Profile.merge([profile, *other_workers]) if query[:workers]
+      profile = WorkersView.new(@workers_dir, max_age: @workers_max_age).sum(profile) if query[:workers]
       out = StringIO.new
       cli = CLI.new(out: out, err: out)
-      options = {top: query[:top], by: query[:by], wide: query[:wide]}
+      options = {top: query[:top], by: query[:by], group: query[:group], wide: query[:wide]}
       unless query[:html]
         cli.write_report(profile, **options)
         return text(200, out.string)
@@ -259,30 +299,8 @@ module DatadogHeap
 
       cli.write_html_report(profile, **options)
       [200, {"content-type" => "text/html; charset=utf-8", "content-length" => out.string.bytesize.to_s,
-        "cache-control" => "no-store", "content-security-policy" => HTML_POLICY,
+        "cache-control" => "no-store", "content-security-policy" => ReportHtml.content_security_policy,
         "x-content-type-options" => "nosniff"}, [out.string]]
-    end
-
-    # The latest profile of each other live process in @workers_dir (see the class docs).
-    def other_workers
-      latest = {}
-      Dir.glob(File.join(@workers_dir, "heap-*-*.pb.gz")).each do |file|
-        name = File.basename(file).match(/\Aheap-(\d+)-(\d+)\.pb\.gz\z/) or next
-        pid, n = Integer(name[1], 10), Integer(name[2], 10)
-        next if pid == Process.pid || !alive?(pid)
-
-        latest[pid] = [n, file] if latest[pid].nil? || latest[pid][0] < n
-      end
-      latest.values.sort.map { |_, file| Profile.load(file) }
-    end
-
-    def alive?(pid)
-      Process.kill(0, pid)
-      true
-    rescue Errno::ESRCH
-      false
-    rescue Errno::EPERM
-      true
     end
 
     def text(status, body, headers = {})
@@ -293,3 +311,5 @@ module DatadogHeap
 end
 
 require "datadog_heap/cli"
+require "datadog_heap/report_html"
+require "datadog_heap/workers_view"

@@ -52,8 +52,10 @@ module DatadogHeap
       settings = Railtie.settings(app.config.datadog_heap)
       if settings[:endpoint]
         require "datadog_heap/middleware"
+        # ?workers=1 takes the files the workers wrote in the last few intervals (WorkersView).
         app.config.middleware.insert_before(0, DatadogHeap::Middleware,
-          path: settings[:endpoint_path], token: settings[:endpoint_token], workers_dir: settings[:output])
+          path: settings[:endpoint_path], token: settings[:endpoint_token], workers_dir: settings[:output],
+          workers_max_age: settings[:interval] && DatadogHeap::WorkersView.max_age_for(settings[:interval]))
       end
     end
 
