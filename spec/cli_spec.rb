@@ -75,17 +75,17 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
         ["report"] => /report needs at least one profile FILE, got 0 arguments/,
         ["report", "--top", "3"] => /report needs at least one profile FILE, got 0 arguments/,
         ["report", "a", "--top", "0"] => /--top must be at least 1, got 0/,
-        ["report", "a", "--top", "many"] => /invalid argument: --top many/,
-        ["report", "a", "--by", "bytes"] => /invalid argument: --by bytes/,
+        ["report", "a", "--top", "many"] => /--top must be a whole number, got "many"/,
+        ["report", "a", "--by", "bytes"] => /--by must be one of size, count, got "bytes"/,
         ["report", "a", "--frob"] => /invalid option: --frob/,
-        ["report", "a", "--group", "method"] => /invalid argument: --group method/,
+        ["report", "a", "--group", "method"] => /--group must be one of site, location, file, gem, class, got "method"/,
         ["report", "a", "--app-root", ""] => /--app-root must not be empty/,
-        ["diff", "a"] => /diff needs two profiles, OLD and NEW, got 1 arguments \(to sum several on each side: diff OLD... -- NEW...\)/,
+        ["diff", "a"] => /diff needs two profiles, OLD and NEW, got 1 argument \(to sum several on each side: diff OLD... -- NEW...\)/,
         ["diff", "a", "b", "c"] => /diff needs two profiles, OLD and NEW, got 3 arguments/,
         ["diff", "a", "b", "--"] => /diff needs at least one NEW profile after --/,
         ["diff", "--", "b"] => /diff needs at least one OLD profile before --/,
-        ["diff", "a", "--", "b", "--group", "gems"] => /invalid argument: --group gems/,
-        ["run", "--group", "x", "--", "ruby"] => /invalid argument: --group x/,
+        ["diff", "a", "--", "b", "--group", "gems"] => /--group must be one of site, location, file, gem, class, got "gems"/,
+        ["run", "--group", "x", "--", "ruby"] => /--group must be one of site, location, file, gem, class, got "x"/,
         ["run"] => /run needs a command to run after --/,
         ["run", "--interval", "0", "--", "ruby"] => /--interval must be a number of seconds > 0, got 0.0/,
         ["run", "--sample-every", "0", "--", "ruby"] => /--sample-every must be between 1 and/,
@@ -358,6 +358,39 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
     end
   end
 
+  describe "messages" do
+    it "name a bad option value once, with the choices there are" do
+      _, err, code = cli_in_process("report", "a", "--top", "0")
+      expect(code).to eq(2)
+      expect(err).to start_with("datadog-heap: --top must be at least 1, got 0\n")
+      expect(err).not_to include("--top --top")
+      expect(cli_in_process("why", "a", "--by", "age")[1]).to start_with(%(datadog-heap: --by must be one of size, count, got "age"\n))
+      expect(cli_in_process("report", "a", "--group", "foo")[1])
+        .to start_with(%(datadog-heap: --group must be one of site, location, file, gem, class, got "foo"\n))
+      expect(cli_in_process("diff", "a")[1]).to include("got 1 argument (to sum")
+      expect(cli_in_process("diff", "a", "b", "c")[1]).to include("got 3 arguments")
+    end
+
+    it "say which file could not be written, in plain words" do
+      profile = profile_file("heap.pb.gz", strings_at([["make", "/app/a.rb", 1]], 3))
+      nowhere = File.join(dir, "no-such-dir", "page.html")
+      out, err, code = cli("report", profile, "--html", "--out", nowhere)
+      expect([out, err, code]).to eq(["", "datadog-heap: cannot write #{nowhere}: No such file or directory\n", 1])
+      later = profile_file("later.pb.gz", strings_at([["make", "/app/a.rb", 1]], 4))
+      out, err, code = cli("trend", profile, later, "--html", nowhere)
+      expect(err).to end_with("datadog-heap: cannot write #{nowhere}: No such file or directory\n")
+      expect(code).to eq(1), out
+      expect(err).not_to include("rb_sysopen")
+      error = begin
+        File.open(nowhere)
+      rescue SystemCallError => e
+        e
+      end
+      expect(error.message).to include("@ rb_sysopen")
+      expect(DatadogHeap::CLI.plain_message(error)).to eq("#{nowhere}: No such file or directory")
+    end
+  end
+
   describe "run" do
     it "profiles a Ruby program through datadog_heap/auto and reports its last profile, leak on top" do
       out, err, code = cli("run", "--out", dir, "--sample-every", "64", "--interval", "0.2", "--top", "3", "--",
@@ -411,15 +444,40 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
     it "exits with the program's status, and 1 when it cannot start the command" do
       out, err, code = cli("run", "--out", dir, "--", RbConfig.ruby, "-e", "exit 3")
       expect(code).to eq(3), err
-      expect(out).to include("exited with status 3; 1 profile in #{dir}", "No live objects in this profile.")
+      expect(out).to include("`#{RbConfig.ruby} -e 'exit 3'` exited with status 3; 1 profile in #{dir}",
+        "No live objects in this profile.")
 
       tmp = Dir.mktmpdir("cli-tmp")
       out, err, code = cli("run", "--", File.join(dir, "no-such-command"), env: {"TMPDIR" => tmp})
       expect([out, code]).to eq(["", 1])
-      expect(err).to match(/\Adatadog-heap: No such file or directory - cannot run `.*no-such-command`\n\z/)
+      expect(err).to match(/\Adatadog-heap: cannot run `.*no-such-command`: No such file or directory\n\z/)
       expect(Dir.children(tmp)).to be_empty # the temporary directory it made for profiles is gone
     ensure
       FileUtils.remove_entry(tmp) if tmp
+    end
+
+    it "passes --preset leak_hunt, --retainers, --values and --gc to the program through the environment" do
+      show = "print ENV.values_at('DATADOG_HEAP_PRESET', 'DATADOG_HEAP_RETAINERS', 'DATADOG_HEAP_GC').inspect"
+      out, err, code = cli("run", "--out", dir, "--preset", "leak_hunt", "--retainers", "--gc", "--", RbConfig.ruby, "-e", show)
+      expect(code).to eq(0), err
+      expect(out).to start_with(%(["leak_hunt", "1", "1"]))
+      out, err, code = cli("run", "--out", dir, "--retainers", "--values", "--", RbConfig.ruby, "-e", show)
+      expect(code).to eq(0), err
+      expect(out).to start_with(%([nil, "values", nil]))
+      expect(cli_in_process("run", "--preset", "fast", "--", "ruby")[1]).to include(%(--preset must be one of leak_hunt, got "fast"))
+      expect(cli_in_process("run", "--values", "--", "ruby")[1]).to include("--values shows keys in retainer paths: it needs --retainers")
+      expect(cli("run", "--help")[0]).to include("--preset NAME", "--retainers", "--gc", "--values")
+    end
+
+    it "writes profiles with retainer paths under --preset leak_hunt, which `why` reads" do
+      program = "$keep = Array.new(20_000) { |i| 'kept %d' % i }"
+      out, err, code = cli("run", "--out", dir, "--preset", "leak_hunt", "--", RbConfig.ruby, "-e", program)
+      expect(code).to eq(0), err
+      expect(out).to include("What keeps them alive")
+      last = Dir.glob(File.join(dir, "heap-*.pb.gz")).max
+      out, err, code = cli("why", last)
+      expect(code).to eq(0), err
+      expect(out).to include("global $keep (Array) -> [*] (String)")
     end
 
     it "says so when the command wrote no profile (not a Ruby program)" do

@@ -340,11 +340,13 @@ RSpec.describe "DatadogHeap::Recorder#retainers" do
         cli = DatadogHeap::CLI.new(out: out, err: err)
         expect(cli.run(["why", path])).to eq(0), err.string
         expect(out.string).to include("/spec/constant.rb:1 in make")
-        expect(out.string).to include("1 objects: constant RetainerSpecCache::CACHE (Hash) -> [:entry] (String)")
+        expect(out.string).to include("paths found for 1 of the site's 1 sampled objects (100%; 1 of its 1 live objects):",
+          "e.g. constant RetainerSpecCache::CACHE (Hash) -> [:entry] (String)")
+        expect(out.string).to match(/1 of 1 sampled \(100%\), 1 objects, \d+ B: constant RetainerSpecCache::CACHE \(Hash\) -> \[\*\] \(String\)$/)
 
         out.truncate(0)
         expect(cli.run(["report", path, "--why"])).to eq(0), err.string
-        expect(out.string).to include("Retained by:")
+        expect(out.string).to include("Retained by (paths grouped by shape):")
         expect(out.string).to include("constant RetainerSpecCache::CACHE (Hash) -> [:entry] (String)")
 
         plain = @rec.write_profile(File.join(dir, "plain.pb.gz"))

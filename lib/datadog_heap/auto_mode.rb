@@ -17,8 +17,11 @@ module DatadogHeap
     ENV_SAMPLER = "DATADOG_HEAP_SAMPLER"
     # A preset (Recorder::PRESETS): leak_hunt.
     ENV_PRESET = "DATADOG_HEAP_PRESET"
-    # "1": every profile carries retainer paths (Recorder#profile(retainers: true)).
+    # "1": every profile carries retainer paths (Recorder#profile(retainers: true)); "values":
+    # the same, with Hash keys in them as they are (retainers: {values: true}).
     ENV_RETAINERS = "DATADOG_HEAP_RETAINERS"
+    # "1": a full GC before every profile (Recorder#profile(gc: true)); default: the preset's.
+    ENV_GC = "DATADOG_HEAP_GC"
     ENV_RSS_LIMIT = "DATADOG_HEAP_RSS_LIMIT"
     ENV_RSS_STEP = "DATADOG_HEAP_RSS_STEP"
     # How long the exit handler waits for a write in progress in the writer thread.
@@ -85,7 +88,9 @@ module DatadogHeap
           @output = nil if env[ENV_OUTPUT].nil? || env[ENV_OUTPUT].empty?
           @interval ||= UPLOAD_INTERVAL
         end
-        @retainers = env[ENV_RETAINERS] == "1"
+        @retainers = %w[1 values].include?(env[ENV_RETAINERS])
+        @values = env[ENV_RETAINERS] == "values"
+        @gc = env[ENV_GC] == "1" || nil
         opts = config.slice(:sample_every, :sampler, :max_overhead, :preset).compact
         opts[:max_overhead] = nil if opts[:max_overhead] == :none
         @publish_lock = Mutex.new
@@ -109,7 +114,8 @@ module DatadogHeap
         path = @output.next_path
         @output.prepare if @failing || !@prepared
         @prepared = true
-        @retainers ? DatadogHeap.recorder.write_profile(path, retainers: true) : DatadogHeap.write_profile(path)
+        retainers = @retainers && (@values ? {values: true} : true)
+        DatadogHeap.recorder.write_profile(path, retainers: retainers || nil, gc: @gc)
         @failing = false
         path
       rescue *FAILURES => e

@@ -10,7 +10,6 @@ require_relative "cli/paths"
 require_relative "cli/report"
 require_relative "cli/why"
 require_relative "cli/trend"
-require_relative "cli/diff_html"
 
 module DatadogHeap
   # `datadog-heap`: reports on pprof heap profiles and profiles Ruby programs (exe/datadog-heap).
@@ -25,7 +24,6 @@ module DatadogHeap
     include ReportCommand
     include Why
     include TrendCommand
-    include DiffHtmlCommand
 
     EXIT_OK = 0
     EXIT_ERROR = 1
@@ -79,7 +77,10 @@ module DatadogHeap
       EXIT_USAGE
     rescue Errno::EPIPE
       EXIT_OK
-    rescue DatadogHeap::Error, SystemCallError, IOError => e
+    rescue SystemCallError => e
+      @err.puts("datadog-heap: #{CLI.plain_message(e)}")
+      EXIT_ERROR
+    rescue DatadogHeap::Error, IOError => e
       @err.puts("datadog-heap: #{e.message}")
       EXIT_ERROR
     rescue Interrupt
@@ -102,6 +103,19 @@ module DatadogHeap
     def write_html_report(profile, top: DEFAULT_TOP, by: :size, group: :site, app_root: Dir.pwd, wide: false)
       @out.write(report_page(profile, {top: top, by: by, group: group, app_root: app_root, wide: wide}))
       nil
+    end
+
+    # The message of a failed system call as a reader wants it: the system's words and the path,
+    # without Ruby's C function name (`No such file or directory @ rb_sysopen - x.pb.gz` reads
+    # `x.pb.gz: No such file or directory`).
+    def self.plain_message(error)
+      reason = SystemCallError === error && error.errno ? SystemCallError.new(nil, error.errno).message : nil
+      reason = reason&.sub(/\Aunknown error - /, "")
+      text = error.message.sub(/(?: -)? @ \w+/, "")
+      return text unless reason && text.start_with?(reason)
+
+      rest = text.delete_prefix(reason).delete_prefix(" - ")
+      rest.empty? ? reason : "#{rest}: #{reason}"
     end
 
     private
@@ -149,13 +163,12 @@ module DatadogHeap
 
     # --group, --by-site and --app-root: what a row stands for and what is application code.
     def grouping_options(parser, options)
-      parser.on("--group KIND", Profile::GROUPS.map(&:to_s),
-        "what a row sums: site (the default), location (file:line), file, gem or class") do |kind|
-        options[:group] = kind.to_sym
+      parser.on("--group KIND", "what a row sums: site (the default), location (file:line), file, gem or class") do |kind|
+        options[:group] = choice("--group", kind, Profile::GROUPS)
       end
       parser.on("--by-site", "a row per site (the default): --group site") { options[:group] = :site }
       parser.on("--app-root DIR", "the application's code (default: the current directory); repeatable") do |dir|
-        raise OptionParser::InvalidArgument, "--app-root must not be empty" if dir.empty?
+        raise UsageError, "--app-root must not be empty" if dir.empty?
 
         (options[:app_root] ||= []) << File.expand_path(dir)
       end
@@ -176,11 +189,42 @@ module DatadogHeap
     end
 
     def top_option(parser, options)
-      parser.on("--top N", Integer, "how many sites to show (default #{DEFAULT_TOP})") do |n|
-        raise OptionParser::InvalidArgument, "--top must be at least 1, got #{n}" if n < 1
-
-        options[:top] = n
+      parser.on("--top N", "how many sites to show (default #{DEFAULT_TOP})") do |n|
+        options[:top] = count_argument("--top", n, 1)
       end
+    end
+
+    # --by: what rows are ranked by.
+    def by_option(parser, options)
+      parser.on("--by KEY", "rank by live bytes (size, the default) or live objects (count)") do |key|
+        options[:by] = choice("--by", key, Profile::SORT_KEYS)
+      end
+    end
+
+    # `value` as a Symbol of `allowed`, else a usage error listing them.
+    def choice(flag, value, allowed)
+      found = allowed.find { |a| a.to_s == value }
+      return found if found
+
+      raise UsageError, "#{flag} must be one of #{allowed.join(", ")}, got #{value.inspect}"
+    end
+
+    # `text` as an Integer of at least `min`, else a usage error naming `flag` and the value.
+    def count_argument(flag, text, min, max = nil)
+      n = Integer(text, 10, exception: false)
+      raise UsageError, "#{flag} must be a whole number, got #{text.inspect}" if n.nil?
+      raise UsageError, "#{flag} must be at least #{min}, got #{n}" if n < min
+      raise UsageError, "#{flag} must be at most #{max}, got #{n}" if max && n > max
+
+      n
+    end
+
+    # Runs the block, which writes `path`; a failure to write it is an error naming the path in
+    # plain words (`cannot write out/x.html: No such file or directory`).
+    def writing(path)
+      yield
+    rescue SystemCallError => e
+      raise DatadogHeap::Error, "cannot write #{SafeText.escape(path)}: #{CLI.plain_message(e).delete_prefix("#{path}: ")}"
     end
 
     # A profile file named on the command line; a name that cannot be a path (empty, with a NUL)
@@ -233,14 +277,12 @@ module DatadogHeap
         p.separator "keeps growing. Only growing sites are listed. Profiles without sizes are compared by live"
         p.separator "objects. With --, the profiles before it are summed into OLD and the ones after it into"
         p.separator "NEW (one per forked worker, say: diff tmp/heap-*-1.pb.gz -- tmp/heap-*-9.pb.gz)."
-        p.separator "Sites, --group, --app-root and --wide are as in `datadog-heap report`. With --html, a page"
-        p.separator "with a diff flame graph (growth red, shrinkage blue) and the sites that grew and shrank most."
+        p.separator "Sites, --group, --app-root and --wide are as in `datadog-heap report`."
         p.separator ""
         p.separator "Options:"
         top_option(p, options)
         grouping_options(p, options)
         display_options(p, options)
-        diff_html_options(p, options)
         common_options(p, options)
       end
     end
@@ -258,13 +300,13 @@ module DatadogHeap
       else
         return EXIT_OK if parse(parser, argv, options)
         unless argv.size == 2
-          raise UsageError, "diff needs two profiles, OLD and NEW, got #{argv.size} arguments " \
+          raise UsageError, "diff needs two profiles, OLD and NEW, got #{plural(argv.size, "argument")} " \
             "(to sum several on each side: diff OLD... -- NEW...)"
         end
 
         old_paths, new_paths = [argv[0]], [argv[1]]
       end
-      diff_or_page(load_profiles(old_paths), load_profiles(new_paths), options)
+      diff(load_profiles(old_paths), load_profiles(new_paths), options)
       EXIT_OK
     end
 
@@ -344,44 +386,60 @@ module DatadogHeap
 
     def run_parser(options)
       OptionParser.new do |p|
-        p.banner = "Usage: datadog-heap run [--out DIR] [--interval S] [--sample-every N] [--upload TARGET] [--top N] " \
-          "[--group KIND] [--app-root DIR] [--wide] -- CMD..."
+        p.banner = "Usage: datadog-heap run [--out DIR] [--interval S] [--sample-every N] [--preset leak_hunt] " \
+          "[--retainers [--values]] [--gc] [--upload TARGET] [--top N] [--group KIND] [--app-root DIR] [--wide] -- CMD..."
         p.separator ""
         p.separator "Runs CMD (a Ruby program, or a command that starts one) with datadog_heap/auto loaded"
         p.separator "through RUBYOPT, waits for it, then prints the report of the last profile each process"
         p.separator "wrote, summed. Every Ruby process CMD starts writes DIR/heap-<pid>-<n>.pb.gz: every S"
         p.separator "seconds with --interval, and at exit. Exits with CMD's status. --group, --app-root and"
-        p.separator "--wide are as in `datadog-heap report`."
+        p.separator "--wide are as in `datadog-heap report`. The options reach CMD's processes through the"
+        p.separator "environment (DATADOG_HEAP_OUTPUT, _INTERVAL, _SAMPLE_EVERY, _PRESET, _RETAINERS, _GC, _UPLOAD)."
         p.separator ""
         p.separator "Options:"
         p.on("--out DIR", "where profiles go (default: a new temporary directory, printed)") do |dir|
           options[:out] = dir
         end
         p.on("--interval S", Float, "also write a profile every S seconds (default: at exit only)") do |s|
-          raise OptionParser::InvalidArgument, "--interval must be a number of seconds > 0, got #{s}" unless s.finite? && s > 0
+          raise UsageError, "--interval must be a number of seconds > 0, got #{s}" unless s.finite? && s > 0
 
           options[:interval] = s
         end
         p.on("--sample-every N", Integer, "mean allocations between samples (default #{Recorder::SAMPLE_EVERY[:windowed]}; " \
           "below #{Recorder::WINDOWED_FROM} the countdown sampler is used)") do |n|
           unless n.between?(1, Recorder::U32_MAX)
-            raise OptionParser::InvalidArgument, "--sample-every must be between 1 and #{Recorder::U32_MAX}, got #{n}"
+            raise UsageError, "--sample-every must be between 1 and #{Recorder::U32_MAX}, got #{n}"
           end
 
           options[:sample_every] = n
+        end
+        p.on("--preset NAME", "a preset of the recorder (#{Recorder::PRESETS.keys.join(", ")}): leak_hunt samples 1 in " \
+          "#{Recorder::PRESETS[:leak_hunt][:sample_every]} with no overhead budget, runs a full GC before each profile " \
+          "and adds retainer paths (DATADOG_HEAP_PRESET)") do |name|
+          options[:preset] = choice("--preset", name, Recorder::PRESETS.keys)
+        end
+        p.on("--retainers", "retainer paths in every profile (DATADOG_HEAP_RETAINERS=1; see `datadog-heap why`)") do
+          options[:retainers] = true
+        end
+        p.on("--values", "with --retainers or --preset leak_hunt: Hash keys in the paths as they are, not by class " \
+          "and size (DATADOG_HEAP_RETAINERS=values; they are the program's data)") do
+          options[:values] = true
+        end
+        p.on("--gc", "a full GC before every profile, so garbage is not listed (DATADOG_HEAP_GC=1)") do
+          options[:gc] = true
         end
         p.on("--upload TARGET", "also send each profile to TARGET: agent, an agent URL, or pyroscope:URL " \
           "(DATADOG_HEAP_UPLOAD; see the README)") do |target|
           require_relative "upload"
           _, url = Upload.target(target, @env)
           unless url
-            raise OptionParser::InvalidArgument, "--upload must be agent, an agent URL (http://, https://, unix://), " \
+            raise UsageError, "--upload must be agent, an agent URL (http://, https://, unix://), " \
               "pyroscope or pyroscope:URL, got #{Redact.text(target)}"
           end
           begin
             Exporter.check_url("--upload", url)
           rescue ArgumentError => e
-            raise OptionParser::InvalidArgument, e.message
+            raise UsageError, e.message
           end
 
           options[:upload] = target
@@ -399,23 +457,26 @@ module DatadogHeap
       return EXIT_OK if parse(run_parser(options), argv, options, in_order: true)
       argv.shift if argv.first == "--"
       raise UsageError, "run needs a command to run after --" if argv.empty?
+      if options[:values] && !options[:retainers] && options[:preset] != :leak_hunt
+        raise UsageError, "--values shows keys in retainer paths: it needs --retainers or --preset leak_hunt"
+      end
 
       temporary = options[:out].nil?
       out = File.expand_path(options[:out] || Dir.mktmpdir("datadog-heap-"))
-      FileUtils.mkdir_p(out)
+      writing(out) { FileUtils.mkdir_p(out) }
       before = profiles_in(out)
       status = spawn_and_wait(child_env(out, options), argv)
       code = status.exitstatus || (128 + (status.termsig || 0))
       written = profiles_in(out).reject { |path, mtime| before[path] == mtime }
       last = last_of_each_process(written)
       if last.empty?
-        @err.puts("datadog-heap: no profile was written to #{out}: is `#{argv.first}` a Ruby program " \
+        @err.puts("datadog-heap: no profile was written to #{out}: is `#{shell_words(argv.first(1))}` a Ruby program " \
           "(datadog_heap/auto is loaded through RUBYOPT)?")
         return code.zero? ? EXIT_ERROR : code
       end
       @out.puts
       each = last.size > 1 ? "; the last of each of #{last.size} processes, summed:" : ""
-      @out.puts("datadog-heap: `#{argv.join(" ")}` exited with status #{code}; #{plural(written.size, "profile")} in #{out}#{each}")
+      @out.puts("datadog-heap: `#{shell_words(argv)}` exited with status #{code}; #{plural(written.size, "profile")} in #{out}#{each}")
       report(load_profiles(last), options)
       code
     ensure
@@ -436,7 +497,20 @@ module DatadogHeap
       env["DATADOG_HEAP_INTERVAL"] = options[:interval]&.to_s
       env["DATADOG_HEAP_SAMPLE_EVERY"] = options[:sample_every]&.to_s
       env["DATADOG_HEAP_UPLOAD"] = options[:upload] if options[:upload]
+      # Set when asked for; otherwise what CMD inherits stands (DATADOG_HEAP_PRESET=leak_hunt
+      # datadog-heap run ... works too).
+      env["DATADOG_HEAP_PRESET"] = options[:preset].to_s if options[:preset]
+      env["DATADOG_HEAP_RETAINERS"] = options[:values] ? "values" : "1" if options[:retainers] || options[:values]
+      env["DATADOG_HEAP_GC"] = "1" if options[:gc]
       env
+    end
+
+    # `argv` as one would type it in a shell: words with spaces or quotes in single quotes
+    # (`ruby -e 'exit 3'`), so the line can be copied and run again.
+    def shell_words(argv)
+      argv.map do |word|
+        word.match?(%r{\A[\w@%+=:,./-]+\z}) ? word : "'#{word.gsub("'") { %q('\\'') }}'"
+      end.join(" ")
     end
 
     # Runs the command to the end. Ctrl-C reaches the child from the terminal, so this process
@@ -445,7 +519,7 @@ module DatadogHeap
       pid = begin
         Process.spawn(env, *argv)
       rescue SystemCallError => e
-        raise e.class, "cannot run `#{argv.first}`"
+        raise e.class, "cannot run `#{shell_words(argv.first(1))}`"
       end
       previous = {}
       previous["INT"] = trap("INT", "IGNORE")

@@ -1,15 +1,13 @@
 # frozen_string_literal: true
 
-require "digest"
 require_relative "html_text"
 require_relative "flame_graph"
 require_relative "trend_html"
 
 module DatadogHeap
   # The page `datadog-heap report --html` writes and the endpoint's `?html=1` serves: one
-  # self-contained HTML document (inline CSS and SVG, one inline script; nothing fetched) that
-  # reads without a browser's help (the script only makes the flame graph navigable, see
-  # FlameGraph): the profile's facts and notes, a flame graph of live bytes by stack
+  # self-contained HTML document (inline CSS and SVG; no script, nothing fetched) that reads
+  # without a browser's help: the profile's facts and notes, a flame graph of live bytes by stack
   # (FlameGraph), the report's top sites and top classes (the cells `datadog-heap report` prints)
   # and, for a series of profiles, the trend charts of TrendHtml.
   #
@@ -58,8 +56,9 @@ module DatadogHeap
 
     # The page for `profile`. `sites` and `classes` are CLI tables ({headers:, rows:, aligns:,
     # titles:, rough:, count:, noun:}, rows' cells not yet escaped); `paths` a CLI::Paths; `by`
-    # :size or :count; `series` nil, or {profiles:, trends:} / {profiles:, error:} for several.
-    def page(profile, sites:, classes:, paths:, by: :size, series: nil)
+    # :size or :count; `series` nil, or {profiles:, trends:} / {profiles:, error:} for several;
+    # `holders` nil, or what keeps each top site alive (see #holders_section).
+    def page(profile, sites:, classes:, paths:, by: :size, series: nil, holders: nil)
       flame = FlameGraph.new(profile, paths: paths, by: by)
       graph = flame.svg
       measure = flame.measure == :bytes ? "bytes" : "objects"
@@ -70,7 +69,8 @@ module DatadogHeap
         <meta charset="utf-8">
         <meta name="viewport" content="width=device-width, initial-scale=1">
         <title>datadog-heap report: #{h(name(profile))}</title>
-        <style>#{style}</style>
+        <style>
+        #{CSS}#{TrendHtml::CSS}</style>
         </head>
         <body>
         <h1>Live heap: #{h(name(profile))}</h1>
@@ -84,17 +84,15 @@ module DatadogHeap
         <h2>Live #{measure} by stack</h2>
         <p class="help">An icicle graph: the root (all live #{measure}) at the top, and under each frame the frames it
         called, as wide as the live #{measure} their stacks hold, heaviest first. Frames read "method (file:line)";
-        hover over one for its bytes, objects and share. Click a frame to zoom into it (the breadcrumb above the graph
-        leads back out); the search box marks the frames whose method or file contains its text and sums what they hold.#{flame.left_out > 0 ? " Frames too narrow to see are left out." : ""}</p>
+        hover over one for its bytes, objects and share.#{flame.left_out > 0 ? " Frames too narrow to see are left out." : ""}</p>
         #{legend}
-        #{flame.stacks.zero? ? "" : flame.controls}
         <div class="scroll">#{flame.stacks.zero? ? "<p>No live objects in this profile.</p>" : graph}</div>
-        #{flame.stacks.zero? ? "" : script(flame)}
         </section>
         <section id="sites">
         #{rows_table(sites, by)}
         #{uncertainty_help(profile, sites)}
         </section>
+        #{holders_section(holders)}
         <section id="classes">
         #{rows_table(classes, by)}
         </section>
@@ -104,28 +102,6 @@ module DatadogHeap
         </body>
         </html>
       HTML
-    end
-
-    # The text of the page's one <style> element, as the policy hashes it.
-    def style
-      "\n#{CSS}#{TrendHtml::CSS}#{FlameGraph::CSS}"
-    end
-
-    # The flame graph's data block (JSON, never run) and the page's one script (FlameGraph::SCRIPT).
-    def script(flame)
-      %(<script type="application/json" id="flame-data">#{flame.data}</script>\n<script>#{FlameGraph::SCRIPT}</script>)
-    end
-
-    # The Content-Security-Policy the endpoint serves the page with: the one inline style and the
-    # one inline script, each by its sha256, and nothing else (no other script, no style
-    # attribute, no request, no form, no frame).
-    def content_security_policy
-      @content_security_policy ||= "default-src 'none'; script-src #{sha256(FlameGraph::SCRIPT)}; style-src #{sha256(style)}; " \
-        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
-    end
-
-    def sha256(text)
-      "'sha256-#{Digest::SHA256.base64digest(text)}'"
     end
 
     def name(profile)
@@ -198,8 +174,8 @@ module DatadogHeap
     end
 
     def legend
-      swatches = FlameGraph.legend.map do |name, css|
-        %(<span class="swatch #{css}"></span>#{h(name)})
+      swatches = FlameGraph.legend.map do |name, color|
+        %(<span class="swatch" style="background:#{color}"></span>#{h(name)})
       end
       %(<div class="legend">#{swatches.join(" ")}</div>)
     end
@@ -223,6 +199,29 @@ module DatadogHeap
         %(<tr#{table.dig(:rough, r) ? ' class="rough"' : ""}>#{cells.join}</tr>)
       end
       %(<h2>#{h(title)}</h2>\n<table class="rows">\n<thead><tr>#{head.join}</tr></thead>\n<tbody>\n#{body.join("\n")}\n</tbody>\n</table>)
+    end
+
+    # "What keeps it alive": per top site with retainer paths ({site:, class_name:, found:, shapes:
+    # [[counts, shape, example or nil], ...]}, from CLI::Why), its paths grouped by shape; "" for
+    # nil (the profile has none).
+    def holders_section(holders)
+      return "" unless holders
+
+      body = if holders.empty?
+        "<p>No sampled object of these sites has a retainer path.</p>"
+      else
+        holders.map do |site|
+          shapes = site[:shapes].map do |counts, shape, example|
+            e = example ? %(<br><span class="help">e.g. #{h(example)}</span>) : ""
+            %(<li><span class="help">#{h(counts)}:</span> <code>#{h(shape)}</code>#{e}</li>)
+          end
+          %(<h3><code>#{h(site[:site])}</code> (#{h(site[:class_name])})</h3>\n<p class="help">#{h(site[:found])}</p>\n) +
+            %(<ul class="notes">\n#{shapes.join("\n")}\n</ul>)
+        end.join("\n")
+      end
+      %(<section id="retainers">\n<h2>What keeps it alive</h2>\n<p class="help">Retainer paths from GC roots, grouped by ) +
+        %(shape (Hash keys and Array indexes as *; keys shown by class and size). `datadog-heap why` prints the same.</p>\n) +
+        %(#{body}\n</section>)
     end
 
     def uncertainty_help(profile, table)

@@ -6,6 +6,7 @@ module DatadogHeap
   #
   #   rec.retainers(top: 5, per_site: 3).to_s
   #   # constant LeakyCache::CACHE (Hash) -> [:k] (String)
+  #   # constant QUOTES (Hash) -> key (Array of 4) (Array) -> [2] (String)
   #   # global $registry (Registry) -> @items (Array) -> [3] (String)
   #   # thread #<Thread main> local :seen (Array) -> [0] (String)
   #   # class Foo ivar @instances (Array) -> [2] (Foo)
@@ -16,6 +17,12 @@ module DatadogHeap
   # edge takes a second look at the object holding it (which ivar, which key, which index, which
   # constant), done here with methods bound from the core classes (UnboundMethod#bind_call), so a
   # BasicObject or an object overriding #instance_variables, #each or #== is named all the same.
+  #
+  # A path names the program's structure, not its data: a Hash key is shown by its class and
+  # size (`key (String, 12 bytes)`, `[(Array of 4)]`), except Symbols, nil, true, false, named
+  # modules and Integers from -1024 to 1024, which are identifiers the program itself holds. With
+  # `values: true` keys are shown as they are (`["CHF", "GBP"]`): a path may then carry a
+  # cookie or a token that was a key, so only ask for it where the output stays with you.
   class Retainers
     # A top site, ranked as `Profile#top` ranks a profile of the same objects, and the objects
     # searched for.
@@ -34,7 +41,11 @@ module DatadogHeap
 
     attr_reader :sites, :visited, :elapsed, :stopped, :depth_cut, :limits
 
-    def initialize(sites, visited:, elapsed:, stopped:, depth_cut:, limits:)
+    # Whether the paths show Hash keys as they are (Recorder#retainers(values: true)).
+    attr_reader :values
+
+    def initialize(sites, visited:, elapsed:, stopped:, depth_cut:, limits:, values: false)
+      @values = values
       @sites = sites.freeze
       @visited = visited
       @elapsed = elapsed
@@ -97,6 +108,90 @@ module DatadogHeap
       "#{n} #{noun}#{"s" unless n == 1}"
     end
 
+    public
+
+    # Paths as text, read back from a profile's `retained by` labels: the shape of a path (its
+    # keys and indexes as `*`, so the objects a cache holds under different keys read as one
+    # holder), and a path with its keys shown by class and size (Namer.key_text), for paths
+    # written with `values: true` or by a datadog_heap that always showed keys.
+    module PathText
+      # Where a step ends: the class of the object it reaches, in parentheses, before the next
+      # " -> " or the end of the path.
+      STEP_END = / \(([^()]*)\)(?= -> |\z)/
+      SEPARATOR = " -> "
+      # An edge holding a value: `[KEY]` (a Hash's value, an Array's index) or `key KEY`.
+      VALUE_EDGE = /\A(?:\[(?<value>.*)\]|key (?<value>.*))\z/m
+
+      module_function
+
+      # The steps of `path`, `[[edge, class name or nil], ...]`.
+      def steps(path)
+        steps = []
+        pos = 0
+        while pos < path.size
+          match = STEP_END.match(path, pos)
+          unless match
+            steps << [path[pos..], nil]
+            break
+          end
+          steps << [path[pos...match.begin(0)], match[1]]
+          pos = match.end(0) + SEPARATOR.size
+        end
+        steps
+      end
+
+      # `path` with every Hash key and Array index as `*`:
+      # `constant QUOTER (Quoter) -> @memo (Hash) -> key * (Array) -> [*] (String)`.
+      def shape(path)
+        join(steps(path).map { |edge, klass| [replace_value(edge) { "*" }, klass] })
+      end
+
+      # `path` with its Hash keys shown as a path written without `values` shows them: Symbols,
+      # nil, true, false, module names and small Integers as they are, anything else by class
+      # (and size, when the text says it). Array indexes stay.
+      def redact(path)
+        parent = nil
+        redacted = steps(path).map do |edge, klass|
+          edge = replace_value(edge) { |value| parent == "Array" && value.match?(/\A\d+\z/) ? value : redact_value(value) }
+          parent = klass
+          [edge, klass]
+        end
+        join(redacted)
+      end
+
+      def join(steps)
+        steps.map { |edge, klass| klass ? "#{edge} (#{klass})" : edge }.join(SEPARATOR)
+      end
+
+      # `edge` with the key it holds replaced by what the block returns for it.
+      def replace_value(edge)
+        match = VALUE_EDGE.match(edge)
+        return edge unless match
+
+        value = yield match[:value]
+        edge.start_with?("[") ? "[#{value}]" : "key #{value}"
+      end
+
+      def redact_value(value)
+        case value
+        when /\A\(.*\)\z/m, /\A:/, "nil", "true", "false", /\A[A-Z]\w*(::[A-Z]\w*)*\z/ then value
+        when /\A-?\d+\z/ then value.to_i.between?(-Namer::SHOWN_INTEGER, Namer::SHOWN_INTEGER) ? value : "(Integer)"
+        when /\A"/ then string_value(value)
+        when /\A\[/ then "(Array)"
+        when /\A\{/ then "(Hash)"
+        when /\A#<([^<>]*)>\z/ then "(#{$1})"
+        else "(value)"
+        end
+      end
+
+      # `(String, N bytes)` for the inspect of a String, `(String)` when it was cut short.
+      def string_value(text)
+        "(String, #{text.undump.bytesize} bytes)"
+      rescue RuntimeError, ArgumentError, EncodingError
+        "(String)"
+      end
+    end
+
     # Names the references of one path found by the native search.
     module Namer
       KERNEL = {
@@ -126,6 +221,9 @@ module DatadogHeap
       THREAD_VARIABLES = Thread.instance_method(:thread_variables)
       THREAD_VARIABLE_GET = Thread.instance_method(:thread_variable_get)
       THREAD_NAME = Thread.instance_method(:name)
+      STRING_BYTESIZE = String.instance_method(:bytesize)
+      # Integer keys from -SHOWN_INTEGER to SHOWN_INTEGER are shown as they are without `values`.
+      SHOWN_INTEGER = 1024
       # What a hostile object's methods may raise while we look at it.
       FAILURES = [StandardError, SystemStackError].freeze
       # The GC's names for its roots, as a reader would say them.
@@ -140,8 +238,9 @@ module DatadogHeap
       module_function
 
       # `[path String, root, steps]` for `nodes` (objects, nil for internal ones, which `notes`
-      # describes) found from a root of `category`.
-      def name_path(category, nodes, notes)
+      # describes) found from a root of `category`. Hash keys are shown as they are with
+      # `values`, else by Namer.key_text (their class and size).
+      def name_path(category, nodes, notes, values = false)
         visible = nodes.each_index.reject { |i| NilClass === nodes[i] }
         anchor = visible[0...-1].reverse.find { |i| anchor?(nodes[i]) }
         steps = []
@@ -158,7 +257,7 @@ module DatadogHeap
         head = anchor ? nil : root_head(category, first)
         prev = start
         following.each_with_index do |i, k|
-          edge = edge_name(nodes[prev], nodes[i])
+          edge = edge_name(nodes[prev], nodes[i], values)
           hops = notes[(prev + 1)...i].compact
           edge ||= hops.empty? ? "?" : hops.map { |h| "<#{h}>" }.join(" -> ")
           if k == 0 && anchor
@@ -233,11 +332,11 @@ module DatadogHeap
       end
 
       # How `parent` refers to `child`, or nil when no look at `parent` says.
-      def edge_name(parent, child)
+      def edge_name(parent, child, values = false)
         name = case parent
         when Module then module_edge(parent, child)
         when Thread then thread_edge(parent, child)
-        when Hash then hash_edge(parent, child)
+        when Hash then hash_edge(parent, child, values)
         when Array then array_edge(parent, child)
         when Struct then struct_edge(parent, child)
         when Proc then binding_edge(proc_binding(parent), child)
@@ -286,15 +385,33 @@ module DatadogHeap
         nil
       end
 
-      def hash_edge(hash, child)
+      def hash_edge(hash, child, values = false)
         Validate::HASH_EACH_PAIR.bind_call(hash) do |key, value|
-          return "[#{Validate.show(key)}]" if EQUAL.bind_call(value, child)
-          return "key #{Validate.show(key)}" if EQUAL.bind_call(key, child)
+          return "[#{values ? Validate.show(key) : key_text(key)}]" if EQUAL.bind_call(value, child)
+          return "key #{values ? Validate.show(key) : key_text(key)}" if EQUAL.bind_call(key, child)
         end
         return "default proc" if EQUAL.bind_call(HASH_DEFAULT_PROC.bind_call(hash), child)
         return "default" if EQUAL.bind_call(HASH_DEFAULT.bind_call(hash), child)
 
         nil
+      end
+
+      # A Hash key as a path shows it without `values`: Symbols, nil, true, false, named modules
+      # and Integers within SHOWN_INTEGER as they are (the program's own identifiers); anything
+      # else by its class, with the size of a String (bytes), an Array or a Hash (elements), in
+      # parentheses: `(String, 12 bytes)`, `(Array of 4)`, `(Time)`.
+      def key_text(key)
+        case key
+        when Symbol, NilClass, TrueClass, FalseClass then Validate.show(key)
+        when Integer then key.between?(-SHOWN_INTEGER, SHOWN_INTEGER) ? Validate.show(key) : "(Integer)"
+        when Module then module_name(key) || "(#{class_name(key)})"
+        when String then "(#{class_name(key)}, #{STRING_BYTESIZE.bind_call(key)} bytes)"
+        when Array then "(#{class_name(key)} of #{Validate::ARRAY_SIZE.bind_call(key)})"
+        when Hash then "(#{class_name(key)} of #{Validate::HASH_SIZE.bind_call(key)})"
+        else "(#{class_name(key)})"
+        end
+      rescue *FAILURES
+        "(#{class_name(key)})"
       end
 
       def array_edge(array, child)
@@ -357,7 +474,7 @@ module DatadogHeap
 
   class Recorder
     RETAINERS_DEFAULTS = {top: 5, per_site: 3, max_depth: 30, by: :size, max_visited: 4_000_000,
-                          time_budget: 10.0, app_root: nil}.freeze
+                          time_budget: 10.0, app_root: nil, values: false}.freeze
     RETAINERS_SORT_KEYS = %i[size count].freeze
 
     # For the sampled live objects of the `top` sites (ranked by live bytes, `by: :size`, or
@@ -365,7 +482,9 @@ module DatadogHeap
     # largest first), a shortest chain of references from a GC root. See Retainers. The search
     # holds the GVL; it stops at `max_visited` objects or after `time_budget` seconds, whichever
     # comes first, and follows no path longer than `max_depth` references; Retainers#stopped
-    # and #depth_cut say when that cut it short. `app_root` is Profile#top's.
+    # and #depth_cut say when that cut it short. `app_root` is Profile#top's. Hash keys in the
+    # paths are shown by class and size (`key (String, 12 bytes)`); `values: true` shows them as
+    # they are, which puts the program's data (a cookie, a token) in the paths (see Retainers).
     def retainers(**options)
       Validate.known_keys!("#{self.class}#retainers", options, RETAINERS_DEFAULTS)
       o = RETAINERS_DEFAULTS.merge(options)
@@ -375,6 +494,7 @@ module DatadogHeap
       Validate.integer!(:max_visited, o[:max_visited], 1, 2**32 - 2)
       Validate.positive_number!(:time_budget, o[:time_budget], 86_400)
       Validate.one_of!(:by, o[:by], RETAINERS_SORT_KEYS)
+      Validate.boolean!(:values, o[:values])
       roots = Profile.app_roots(o[:app_root].nil? ? Profile.default_app_root : o[:app_root])
       raw_sites = _native_retainer_targets(o[:top], o[:per_site], o[:by].to_s, roots)
       ids = raw_sites.flat_map { |s| s.last.map(&:first) }
@@ -387,14 +507,14 @@ module DatadogHeap
           status, text, root, steps = case path
           when nil then [:collected]
           when false then [complete ? :unreachable : :not_found]
-          else [:alive, *Retainers::Namer.name_path(*path)]
+          else [:alive, *Retainers::Namer.name_path(*path, o[:values])]
           end
           Retainers::Retained.new(record_id, class_name, size, weight, gen_age, status, text, root, steps&.freeze)
         end
         Retainers::Site.new(*site, retained.freeze)
       end
       Retainers.new(sites, visited: visited, elapsed: elapsed, stopped: stopped&.to_sym, depth_cut: depth_cut,
-        limits: o.slice(:max_depth, :max_visited, :time_budget))
+        limits: o.slice(:max_depth, :max_visited, :time_budget), values: o[:values])
     end
 
     # The native #profile, which #profile below wraps.
@@ -403,7 +523,8 @@ module DatadogHeap
 
     # The gzip pprof of the live objects (see docs/cli.md). With `retainers:` (true, a Hash of
     # #retainers options, or a Retainers already computed), the objects a path was found for
-    # carry a `retained by` label with it. `gc: true` runs a full GC first, so objects the
+    # carry a `retained by` label with it; Hash keys in it are shown by class and size unless
+    # the options say `values: true`. `gc: true` runs a full GC first, so objects the
     # program dropped but the GC has not collected yet are not listed (default: the preset's, see
     # Recorder#gc_before_profile?); the profile's notes say whether one ran. The gem's own
     # allocations here are never sampled.

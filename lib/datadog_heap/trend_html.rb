@@ -23,7 +23,7 @@ module DatadogHeap
       p.summary { margin: 0 0 16px; color: #555; }
       .grid { display: flex; flex-wrap: wrap; gap: 16px; }
       .card { background: #fff; border: 1px solid #ddd; border-radius: 6px; padding: 10px 12px; width: #{WIDTH}px; }
-      .card h2, .card h3 { font-size: 13px; font-weight: 600; margin: 0 0 2px; word-break: break-all; }
+      .card h2, .card h3 { font-size: 13px; font-weight: 600; margin: 0 0 2px; overflow-wrap: break-word; word-break: normal; }
       .meta { font-size: 12px; color: #555; margin: 0 0 4px; }
       .verdict { display: inline-block; color: #fff; border-radius: 3px; padding: 0 6px; font-size: 12px; font-weight: 600; }
       svg.trend text { font: 10px system-ui, sans-serif; fill: #555; }

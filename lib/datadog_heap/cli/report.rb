@@ -30,17 +30,18 @@ module DatadogHeap
           p.separator ""
           p.separator "Options:"
           top_option(p, options)
-          p.on("--by KEY", %w[size count], "rank by live bytes (size, the default) or live objects (count)") do |key|
-            options[:by] = key.to_sym
-          end
+          by_option(p, options)
           grouping_options(p, options)
           display_options(p, options)
-          p.on("--why", "also print each site's retainer paths (see `datadog-heap why`)") { options[:why] = true }
+          p.on("--why", "also print each site's retainer paths, grouped by shape (see `datadog-heap why`)") { options[:why] = true }
+          p.on("--values", "with --why: Hash keys in paths as the profile holds them (the program's data)") do
+            options[:values] = true
+          end
           p.on("--html", "write an HTML page (to stdout, or to --out PATH) instead of the text report") do
             options[:html] = true
           end
           p.on("--out PATH", "with --html: where the page goes (default: stdout)") do |path|
-            raise OptionParser::InvalidArgument, "--out must not be empty" if path.empty?
+            raise UsageError, "--out must not be empty" if path.empty?
 
             options[:out] = path
           end
@@ -53,7 +54,8 @@ module DatadogHeap
         return EXIT_OK if parse(report_parser(options), argv, options)
         raise UsageError, "report needs at least one profile FILE, got 0 arguments" if argv.empty?
         raise UsageError, "--out PATH writes the HTML page: it needs --html" if options[:out] && !options[:html]
-        raise UsageError, "--why is for the text report: the HTML page has no retainer paths" if options[:why] && options[:html]
+        raise UsageError, "--why is for the text report: the HTML page shows what keeps each site alive by itself" if options[:why] && options[:html]
+        raise UsageError, "--values shows the keys in --why's paths: it needs --why" if options[:values] && !options[:why]
 
         return html_report(argv, options) if options[:html]
 
@@ -78,7 +80,7 @@ module DatadogHeap
         page = report_page(latest, options, series)
         if options[:out]
           path = Validate.path!(:out, options[:out])
-          File.write(path, page)
+          writing(path) { File.write(path, page) }
           @out.puts("wrote #{path}")
         else
           @out.write(page)
@@ -95,7 +97,8 @@ module DatadogHeap
         top = options.fetch(:top, DEFAULT_TOP)
         sites = measured_first(profile.top(2**62 - 1, by: by, **group))
         classes = measured_first(profile.top(2**62 - 1, by: by, group: :class, app_root: group[:app_root]))
-        ReportHtml.page(profile, paths: paths, by: by, series: series,
+        held = group[:group] == :site && profile.retained_by? ? holders(profile, sites.first(top), options) : nil
+        ReportHtml.page(profile, paths: paths, by: by, series: series, holders: held && holder_rows(profile, held, paths),
           sites: site_table(profile, sites.first(top), group[:group], paths).merge(count: sites.size, noun: group[:group].to_s),
           classes: site_table(profile, classes.first(top), :class, paths).merge(count: classes.size, noun: "class"))
       end
@@ -133,7 +136,34 @@ module DatadogHeap
         @out.puts(table(t[:headers], t[:rows], t[:aligns], width: paths.width, cut: t[:cut]))
         @out.puts
         uncertainty_notes(profile, shown)
-        why_section(profile, options) if options[:why]
+        if options[:why]
+          why_section(profile, kind == :site ? shown : profile.top(shown.size, by: by, app_root: group[:app_root]), options)
+        elsif kind == :site && profile.retained_by?
+          main_holders(profile, shown, options)
+        end
+      end
+
+      # One line per top site with paths: the shape holding most of its objects (`why` for all).
+      def main_holders(profile, shown, options)
+        lines = holder_lines(profile, shown, options)
+        return if lines.empty?
+
+        @out.puts
+        @out.puts("What keeps them alive (each site's main retainer path shape; `datadog-heap why` for all):")
+        lines.each { |line| @out.puts("  #{line}") }
+      end
+
+      # What the HTML page shows of `held` (Why::Holders): per site with paths, its label and
+      # class, a line on how many of its objects have one, and its shapes as
+      # [counts, shape, example or nil]; the example's keys by class and size.
+      def holder_rows(profile, held, paths)
+        held.reject { |h| h.shapes.empty? }.map do |h|
+          {site: paths.label(h.site, :site), class_name: h.site.class_name || "?", found: found_line(h).delete_suffix(":"),
+           shapes: h.shapes.map do |s|
+             example = shown_path(s.example, {})
+             [shape_counts(profile, h, s), s.shape, example == s.shape ? nil : example]
+           end}
+        end
       end
 
       # The report's table of `shown` (Sites of `kind`): {headers:, rows:, aligns:, cut:, titles:,
@@ -186,8 +216,39 @@ module DatadogHeap
           "± is one standard deviation of the sampling error.")
         return unless shown.any?(&:rough?)
 
-        @out.puts("~ rough: fewer than #{Profile::ROUGH_SAMPLES} samples: the estimate may be off by as much as itself " \
-          "(take more profiles or lower sample_every for more samples).")
+        @out.puts("~ rough: fewer than #{Profile::ROUGH_SAMPLES} samples: the estimate may be off by as much as itself.")
+        advice = settle_advice(profile, shown)
+        @out.puts(advice) if advice
+      end
+
+      # When the top rows rest on few samples, one line saying so and what would settle it: the
+      # leak-hunt preset (with the samples it would record for the first rough row: its live
+      # objects / the preset's sample_every), a longer run, `trend` over a series. Nil when the
+      # rows that lead are measured.
+      def settle_advice(profile, shown)
+        rough = shown.select(&:rough?)
+        lead = shown.first(3)
+        return nil unless rough.size * 2 >= shown.size || lead.any?(&:rough?)
+
+        dense = Recorder::PRESETS[:leak_hunt][:sample_every]
+        first = rough.first
+        where = if shown.size == 1
+          "The top row rests"
+        elsif rough.size == shown.size
+          "All #{shown.size} top rows rest"
+        else
+          "#{rough.size} of the top #{shown.size} rows rest"
+        end
+        preset = if profile.period.to_i > dense
+          expected = (first.live_objects / dense.to_f).round
+          "the leak-hunt preset (`datadog-heap run --preset leak_hunt`, DATADOG_HEAP_PRESET=leak_hunt: 1 in #{dense}) " \
+            "would record about #{expected} samples for the first of them (#{first.live_objects} live objects / #{dense}; " \
+            "#{first.samples} now), "
+        else
+          ""
+        end
+        "Not conclusive: #{where} on fewer than #{Profile::ROUGH_SAMPLES} samples. To settle it: #{preset}" \
+          "a longer run (a leak keeps adding samples), or `datadog-heap trend` over a series of profiles."
       end
     end
   end

@@ -30,7 +30,7 @@ module DatadogHeap
             options[:all] = true
           end
           p.on("--html OUT", "also write a page with a chart per top site (self-contained, no network)") do |path|
-            raise OptionParser::InvalidArgument, "--html must not be empty" if path.empty?
+            raise UsageError, "--html must not be empty" if path.empty?
 
             options[:html] = path
           end
@@ -50,7 +50,9 @@ module DatadogHeap
         print_trend(profiles, trends, options)
         if options[:html]
           require_relative "../trend_html"
-          path = TrendHtml.write(options[:html], profiles, trends, top: options[:top], paths: paths(options))
+          path = writing(options[:html]) do
+            TrendHtml.write(options[:html], profiles, trends, top: options[:top], paths: paths(options))
+          end
           @out.puts
           @out.puts("wrote #{path}")
         end
@@ -122,7 +124,7 @@ module DatadogHeap
         @out.puts("No #{noun} is growing: #{why.join("; ")}.")
         @out.puts("To tell a leak from noise: take more profiles (a leak keeps rising across several), lower sample_every " \
           "for more samples per #{noun} (datadog-heap run --sample-every N), or use the leak-hunt preset " \
-          "(preset: :leak_hunt).")
+          "(datadog-heap run --preset leak_hunt; preset: :leak_hunt).")
       end
 
       def duration(seconds)
