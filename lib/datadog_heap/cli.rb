@@ -10,6 +10,7 @@ require_relative "cli/paths"
 require_relative "cli/report"
 require_relative "cli/why"
 require_relative "cli/trend"
+require_relative "cli/diff_html"
 
 module DatadogHeap
   # `datadog-heap`: reports on pprof heap profiles and profiles Ruby programs (exe/datadog-heap).
@@ -24,6 +25,7 @@ module DatadogHeap
     include ReportCommand
     include Why
     include TrendCommand
+    include DiffHtmlCommand
 
     EXIT_OK = 0
     EXIT_ERROR = 1
@@ -277,12 +279,14 @@ module DatadogHeap
         p.separator "keeps growing. Only growing sites are listed. Profiles without sizes are compared by live"
         p.separator "objects. With --, the profiles before it are summed into OLD and the ones after it into"
         p.separator "NEW (one per forked worker, say: diff tmp/heap-*-1.pb.gz -- tmp/heap-*-9.pb.gz)."
-        p.separator "Sites, --group, --app-root and --wide are as in `datadog-heap report`."
+        p.separator "Sites, --group, --app-root and --wide are as in `datadog-heap report`. With --html, a page"
+        p.separator "with a diff flame graph (growth red, shrinkage blue) and the sites that grew and shrank most."
         p.separator ""
         p.separator "Options:"
         top_option(p, options)
         grouping_options(p, options)
         display_options(p, options)
+        diff_html_options(p, options)
         common_options(p, options)
       end
     end
@@ -306,7 +310,7 @@ module DatadogHeap
 
         old_paths, new_paths = [argv[0]], [argv[1]]
       end
-      diff(load_profiles(old_paths), load_profiles(new_paths), options)
+      diff_or_page(load_profiles(old_paths), load_profiles(new_paths), options)
       EXIT_OK
     end
 

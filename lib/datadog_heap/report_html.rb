@@ -1,13 +1,15 @@
 # frozen_string_literal: true
 
+require "digest"
 require_relative "html_text"
 require_relative "flame_graph"
 require_relative "trend_html"
 
 module DatadogHeap
   # The page `datadog-heap report --html` writes and the endpoint's `?html=1` serves: one
-  # self-contained HTML document (inline CSS and SVG; no script, nothing fetched) that reads
-  # without a browser's help: the profile's facts and notes, a flame graph of live bytes by stack
+  # self-contained HTML document (inline CSS and SVG, one inline script; nothing fetched) that
+  # reads without a browser's help (the script only makes the flame graph navigable, see
+  # FlameGraph): the profile's facts and notes, a flame graph of live bytes by stack
   # (FlameGraph), the report's top sites and top classes (the cells `datadog-heap report` prints)
   # and, for a series of profiles, the trend charts of TrendHtml.
   #
@@ -69,8 +71,7 @@ module DatadogHeap
         <meta charset="utf-8">
         <meta name="viewport" content="width=device-width, initial-scale=1">
         <title>datadog-heap report: #{h(name(profile))}</title>
-        <style>
-        #{CSS}#{TrendHtml::CSS}</style>
+        <style>#{style}</style>
         </head>
         <body>
         <h1>Live heap: #{h(name(profile))}</h1>
@@ -84,9 +85,12 @@ module DatadogHeap
         <h2>Live #{measure} by stack</h2>
         <p class="help">An icicle graph: the root (all live #{measure}) at the top, and under each frame the frames it
         called, as wide as the live #{measure} their stacks hold, heaviest first. Frames read "method (file:line)";
-        hover over one for its bytes, objects and share.#{flame.left_out > 0 ? " Frames too narrow to see are left out." : ""}</p>
+        hover over one for its bytes, objects and share. Click a frame to zoom into it (the breadcrumb above the graph
+        leads back out); the search box marks the frames whose method or file contains its text and sums what they hold.#{flame.left_out > 0 ? " Frames too narrow to see are left out." : ""}</p>
         #{legend}
+        #{flame.stacks.zero? ? "" : flame.controls}
         <div class="scroll">#{flame.stacks.zero? ? "<p>No live objects in this profile.</p>" : graph}</div>
+        #{flame.stacks.zero? ? "" : script(flame)}
         </section>
         <section id="sites">
         #{rows_table(sites, by)}
@@ -102,6 +106,28 @@ module DatadogHeap
         </body>
         </html>
       HTML
+    end
+
+    # The text of the page's one <style> element, as the policy hashes it.
+    def style
+      "\n#{CSS}#{TrendHtml::CSS}#{FlameGraph::CSS}"
+    end
+
+    # The flame graph's data block (JSON, never run) and the page's one script (FlameGraph::SCRIPT).
+    def script(flame)
+      %(<script type="application/json" id="flame-data">#{flame.data}</script>\n<script>#{FlameGraph::SCRIPT}</script>)
+    end
+
+    # The Content-Security-Policy the endpoint serves the page with: the one inline style and the
+    # one inline script, each by its sha256, and nothing else (no other script, no style
+    # attribute, no request, no form, no frame).
+    def content_security_policy
+      @content_security_policy ||= "default-src 'none'; script-src #{sha256(FlameGraph::SCRIPT)}; style-src #{sha256(style)}; " \
+        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    end
+
+    def sha256(text)
+      "'sha256-#{Digest::SHA256.base64digest(text)}'"
     end
 
     def name(profile)
@@ -174,8 +200,8 @@ module DatadogHeap
     end
 
     def legend
-      swatches = FlameGraph.legend.map do |name, color|
-        %(<span class="swatch" style="background:#{color}"></span>#{h(name)})
+      swatches = FlameGraph.legend.map do |name, css|
+        %(<span class="swatch #{css}"></span>#{h(name)})
       end
       %(<div class="legend">#{swatches.join(" ")}</div>)
     end
