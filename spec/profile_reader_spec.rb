@@ -249,9 +249,28 @@ RSpec.describe DatadogHeap::Profile do
       with_limit(nil) do
         expect { described_class.parse(bomb) }.to raise_error(DatadogHeap::Error) { |e|
           expect(e.message).to start_with("profile is not a readable pprof profile (#{bomb.bytesize} bytes): pprof: reading " \
-            "this profile needs more memory than the limit of 1073741824 bytes: its 10000000 samples, 0 locations, " \
+            "this profile needs more memory than the limit of #{4096 * bomb.bytesize} bytes (4096 times the " \
+            "#{bomb.bytesize} bytes it is read from, and at least 67108864): its 10000000 samples, 0 locations, " \
             "0 functions and 0 strings take about ")
           expect(e.message).to end_with("; to read it, set the environment variable DATADOG_HEAP_MAX_PROFILE_BYTES to a larger number of bytes")
+        }
+      end
+      with_limit("1073741824") do
+        expect { described_class.parse(bomb) }.to raise_error(DatadogHeap::Error,
+          /needs more memory than the limit of 1073741824 bytes: its 10000000 samples, /)
+      end
+    end
+
+    it "holds a small file to a limit scaled to its size, which the 1 GiB bound alone did not" do
+      bomb = crafted(2_500_000) # 5 MB of empty samples, about 5 kB of gzip
+      expect(bomb.bytesize).to be < 16 * 1024
+      with_limit(nil) do
+        expect { described_class.parse(bomb) }.to raise_error(DatadogHeap::Error) { |e|
+          expect(e.message).to include("needs more memory than the limit of 67108864 bytes (4096 times the " \
+            "#{bomb.bytesize} bytes it is read from, and at least 67108864): its 2500000 samples, ")
+          # What it asks for fits in 1 GiB, which read it: the process grew to 641 MB.
+          needed = Integer(e.message[/take about (\d+) bytes/, 1])
+          expect(needed).to be_between(64 << 20, 1 << 30)
         }
       end
     end
@@ -267,16 +286,19 @@ RSpec.describe DatadogHeap::Profile do
         end
         puts File.read("/proc/self/status")[/^VmHWM:\s+(\d+) kB/, 1]
       RUBY
-      bomb = crafted(10_000_000)
       lib = File.expand_path("../lib", __dir__)
-      peak, base = %w[parse load].map do |mode|
-        out, err, status = Open3.capture3({"DATADOG_HEAP_MAX_PROFILE_BYTES" => nil}, RbConfig.ruby, "-I", lib, "-e", script,
-          mode, stdin_data: bomb, binmode: true)
-        expect(status).to be_success, err
-        Integer(out) * 1024
+      # The decompressed protobuf (20 MB, 5 MB); reading the 10M samples (the limit raised) peaks
+      # at 1.8 GB, and the 2.5M samples of 5 kB, which the 1 GiB bound let through, at 641 MB.
+      [10_000_000, 2_500_000].each do |samples|
+        bomb = crafted(samples)
+        peak, base = %w[parse load].map do |mode|
+          out, err, status = Open3.capture3({"DATADOG_HEAP_MAX_PROFILE_BYTES" => nil}, RbConfig.ruby, "-I", lib, "-e", script,
+            mode, stdin_data: bomb, binmode: true)
+          expect(status).to be_success, err
+          Integer(out) * 1024
+        end
+        expect(peak - base).to be < 100 << 20, "#{samples} samples: the peak RSS grew by #{(peak - base) >> 20} MiB"
       end
-      # The decompressed protobuf (20 MB); reading the 10M samples (the limit raised) peaks at 1.8 GB.
-      expect(peak - base).to be < 100 << 20
     end
 
     it "takes the limit from DATADOG_HEAP_MAX_PROFILE_BYTES" do

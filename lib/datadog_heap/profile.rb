@@ -112,10 +112,11 @@ module DatadogHeap
 
       # Decodes a profile held in a String (e.g. Recorder#profile). `path` (nil, or what `load`
       # takes) only names it in messages and #inspect. Reading takes at most
-      # ENV["DATADOG_HEAP_MAX_PROFILE_BYTES"] bytes of memory (default 1 GiB, about a million
-      # samples): past it, DatadogHeap::Error names the limit and the variable, so a small file that
-      # decodes to a huge profile cannot exhaust memory. ArgumentError when the variable is set to
-      # something other than a number of bytes.
+      # ENV["DATADOG_HEAP_MAX_PROFILE_BYTES"] bytes of memory; when it is not set, 4096 times the
+      # size of `bytes`, at least 64 MiB and at most 1 GiB (about a million samples). Past it,
+      # DatadogHeap::Error names the limit and the variable, so a small file that decodes to a huge
+      # profile cannot exhaust memory. ArgumentError when the variable is set to something other
+      # than a number of bytes.
       def parse(bytes, path: nil)
         raise TypeError, "bytes must be a String, got #{Validate.describe(bytes)}" unless String === bytes
 

@@ -23,9 +23,9 @@ pub const MAX_PROFILE_BYTES_ENV: &str = "DATADOG_HEAP_MAX_PROFILE_BYTES";
 pub const DEFAULT_MAX_PROFILE_BYTES: u64 = 1 << 30;
 
 /// When [`MAX_PROFILE_BYTES_ENV`] is not set, a read may also take at most this many times the
-/// bytes it reads (but never less than [`MIN_DEFAULT_PROFILE_BYTES`]): a profile this gem writes
-/// takes 45 to 100 times its gzip file once read, while a file of empty samples asks for 64,000
-/// times its size, so a small file cannot make a command that reads it take a gigabyte.
+/// bytes it reads (but never less than [`MIN_DEFAULT_PROFILE_BYTES`]): a heap profile takes some
+/// 40 to 100 times its gzip file once read, while a file of empty samples asks for 100,000 times
+/// its size, so a small file cannot make a command that reads it take a gigabyte.
 pub const MAX_EXPANSION: u64 = 4096;
 
 /// The least a read may take when [`MAX_PROFILE_BYTES_ENV`] is not set, however small its input

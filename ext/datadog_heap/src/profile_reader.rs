@@ -160,8 +160,9 @@ fn total(data: &ProfileData, at: Option<usize>) -> Option<i64> {
 
 impl Profile {
     /// `Profile._native_parse(bytes)` -> a Profile. `bytes` is a gzip, zstd or raw pprof. Reading
-    /// holds at most the limit `DATADOG_HEAP_MAX_PROFILE_BYTES` sets (1 GiB by default) besides
-    /// `bytes`; past it `DatadogHeap::Error` names the limit and the variable (see `read_profile`).
+    /// holds at most the limit `DATADOG_HEAP_MAX_PROFILE_BYTES` sets (by default 4096 times the
+    /// size of `bytes`, at least 64 MiB and at most 1 GiB) besides `bytes`; past it
+    /// `DatadogHeap::Error` names the limit and the variable (see `read_profile`).
     fn parse(ruby: &Ruby, class: RClass, bytes: RString) -> Result<Obj<Profile>, Error> {
         guarded(ruby, || {
             let bytes = crate::shims::string_bytes(bytes);
