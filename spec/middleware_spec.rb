@@ -165,6 +165,22 @@ RSpec.describe DatadogHeap::Middleware do
       end
     end
 
+    it "names the first 20 files it skips, and counts the others by reason" do
+      record_some
+      Dir.mktmpdir do |dir|
+        bytes = recorder.profile
+        # Files of a persistent directory: many old runs' and one live worker that stopped writing.
+        dead = dead_pid
+        30.times { |n| plant(dir, "heap-#{dead}-#{n + 1}.pb.gz", bytes) }
+        stopped = worker
+        plant(dir, "heap-#{stopped}-1.pb.gz", bytes, age: 7200)
+        _, _, body = request(described_class.new(app, recorder: recorder, workers_dir: dir, workers_max_age: 60), query: "report=1&workers=1")
+        notes = body.lines.grep(/\ANote: datadog_heap: workers=1: /)
+        expect(notes.grep(/: skipped /).size).to eq(20)
+        expect(notes.last.chomp).to eq("Note: datadog_heap: workers=1: 11 more skipped: 10 of processes not running, 1 stale")
+      end
+    end
+
     it "needs report=1 or html=1, a directory and a maximum age" do
       Dir.mktmpdir do |dir|
         status, _, body = request(described_class.new(app, recorder: recorder, workers_dir: dir, workers_max_age: 60), query: "workers=1")

@@ -378,13 +378,12 @@ module DatadogHeap
       if candidates.size > MAX_NODES
         # A child holds no more than its parent, and comes after it at equal share (deeper).
         candidates = candidates.sort_by.with_index { |(_, _, depth, s), i| [-s, depth, i] }.first(MAX_NODES)
-        @data_left_out = true
       end
       index = {}
       ordered = candidates.sort_by { |_, _, depth, _| depth }
       ordered.each_with_index.map do |(node, parent), i|
         index[node.object_id] = i
-        [node, parent ? index.fetch(parent.object_id) : 0]
+        [node, parent ? index.fetch(parent.object_id) : nil]
       end
     end
 

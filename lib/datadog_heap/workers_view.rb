@@ -26,6 +26,11 @@ module DatadogHeap
     MIN_AGE = 10
     # The most skipped files the notes name one by one; the rest are counted by reason.
     LISTED = 20
+    # The kind of each reason, for the count of the skipped files not listed.
+    KINDS = {/ago, more than/ => "stale", /is not running/ => "of processes not running",
+             /belongs to another user/ => "of another user's processes", /owned by another user/ => "owned by another user",
+             /after it/ => "older than their pid's newest", /own file/ => "of this process", /in the future/ => "written in the future",
+             /could not be read/ => "unreadable", /no process/ => "of no process"}.freeze
 
     # The max_age that goes with a writer writing every `interval` seconds: INTERVALS of them,
     # and at least MIN_AGE seconds (writing a large profile takes a moment).
@@ -42,7 +47,7 @@ module DatadogHeap
       @now = now
     end
 
-    # [taken, skipped]: taken an Array of Entry, oldest pid first; skipped an Array of
+    # [taken, skipped]: taken an Array of Entry, lowest pid first; skipped an Array of
     # [file name, reason].
     def select
       taken = []
@@ -83,7 +88,7 @@ module DatadogHeap
     end
 
     # The notes the report shows first: the rule, each file taken, each skipped (LISTED at most,
-    # then a count per reason).
+    # then how many more, by kind of reason).
     def notes(taken, skipped)
       notes = ["datadog_heap: workers=1: this process's heap (pid #{Process.pid}) now, plus the newest file of each " \
         "other worker written in the last #{age(@max_age)} in #{@dir}: #{taken.size} taken, #{skipped.size} skipped"]
@@ -93,8 +98,8 @@ module DatadogHeap
       skipped.first(LISTED).each { |name, reason| notes << "datadog_heap: workers=1: skipped #{name}: #{reason}" }
       rest = skipped.drop(LISTED)
       unless rest.empty?
-        counts = rest.group_by { |_, reason| reason.sub(/\A(pid \d+|written [^,]+)/, "").strip }.map { |r, files| "#{files.size} #{r}" }
-        notes << "datadog_heap: workers=1: #{rest.size} more skipped (#{counts.first(5).join("; ")})"
+        counts = rest.group_by { |_, reason| KINDS.find { |pattern, _| pattern.match?(reason) }&.last || "other" }
+        notes << "datadog_heap: workers=1: #{rest.size} more skipped: #{counts.map { |kind, files| "#{files.size} #{kind}" }.join(", ")}"
       end
       notes
     end
