@@ -24,9 +24,9 @@ module DatadogHeap
           p.separator "app root relative to it) and, on a terminal, rows cut with … to fit it (nothing is cut when"
           p.separator "stdout is not a terminal); --wide shows full paths, uncut."
           p.separator ""
-          p.separator "With --html, one self-contained HTML page instead (no network, no script): a flame graph"
-          p.separator "of live bytes by stack, the top sites, the top classes, the profile's facts and notes. Given"
-          p.separator "several FILEs it shows the latest one, with the trend charts of all of them below."
+          p.separator "With --html, one self-contained HTML page instead (nothing fetched): a flame graph of live"
+          p.separator "bytes by stack (click a frame to zoom into it, search frames), the top sites and classes, the"
+          p.separator "facts and notes. Given several FILEs it shows the latest one, with the trend charts of all below."
           p.separator ""
           p.separator "Options:"
           top_option(p, options)
