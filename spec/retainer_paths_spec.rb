@@ -123,7 +123,9 @@ RSpec.describe "retainer paths: redaction and shapes" do
       @rec.write_profile(path, retainers: {values: true, per_site: 3})
       out, err, code = run_cli("why", path)
       expect(code).to eq(0), err
-      expect(out).to include("paths found for 3 of the site's 4 sampled objects (75%; 3 of its 4 live objects):")
+      expect(out).to include("paths found for 3 of the site's 4 sampled objects (75%; 3 of its 4 live objects)\n")
+      # The site's line, then its main shape (what a reader looks for first), then the rest.
+      expect(out).to match(%r{^1\. .*/spec/quoter.rb:1 in quote\n   3 of 3 sampled \(100%\), 3 objects, \d+ B: constant RetainerPathsSpec::QUOTES})
       expect(out).to include("3 of 3 sampled (100%), 3 objects, ")
       expect(out).to include(": constant RetainerPathsSpec::QUOTES (Hash) -> [*] (String)")
       expect(out).to include("e.g. constant RetainerPathsSpec::QUOTES (Hash) -> [(Array)] (String)")
@@ -163,8 +165,13 @@ RSpec.describe "retainer paths: redaction and shapes" do
 
       page, err, code = run_cli("report", path, "--html")
       expect(code).to eq(0), err
-      expect(page).to include(%(<section id="retainers">), "<h2>What keeps it alive</h2>",
-        "<code>constant RetainerPathsSpec::QUOTES (Hash) -&gt; [*] (String)</code>", "3 of 3 sampled (100%)")
+      section = page[%r{<section id="retainers">.*?</section>}m]
+      expect(section).to include("<h2>What keeps it alive</h2>", "<h3>/spec/quoter.rb:1 in quote (String)</h3>",
+        %(3 of 3 sampled (100%), 3 objects, ), %(<span class="path">constant RetainerPathsSpec::QUOTES (Hash) -&gt; [*] (String)</span>),
+        %(<div class="example">e.g. constant RetainerPathsSpec::QUOTES (Hash) -&gt; [(Array of 4)] (String)</div>),
+        "paths found for 3 of the site&#39;s 3 sampled objects (100%; 3 of its 3 live objects)")
+      # Only the page's plain tags, nothing that runs or fetches.
+      expect(section.scan(/<([a-z0-9]+)/).flatten.uniq - %w[section h2 h3 p ul li span div]).to eq([])
       expect(run_cli("report", plain, "--html")[0]).not_to include(%(<section id="retainers">))
     end
 

@@ -340,7 +340,7 @@ RSpec.describe "DatadogHeap::Recorder#retainers" do
         cli = DatadogHeap::CLI.new(out: out, err: err)
         expect(cli.run(["why", path])).to eq(0), err.string
         expect(out.string).to include("/spec/constant.rb:1 in make")
-        expect(out.string).to include("paths found for 1 of the site's 1 sampled objects (100%; 1 of its 1 live objects):",
+        expect(out.string).to include("paths found for 1 of the site's 1 sampled objects (100%; 1 of its 1 live objects)",
           "e.g. constant RetainerSpecCache::CACHE (Hash) -> [:entry] (String)")
         expect(out.string).to match(/1 of 1 sampled \(100%\), 1 objects, \d+ B: constant RetainerSpecCache::CACHE \(Hash\) -> \[\*\] \(String\)$/)
 

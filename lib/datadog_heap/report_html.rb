@@ -44,6 +44,8 @@ module DatadogHeap
       table.facts td { overflow-wrap: anywhere; }
       ul.notes { margin: 4px 0; padding-left: 20px; font-size: 13px; }
       ul.notes li { margin: 2px 0; }
+      #retainers span.path, #retainers div.example { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, monospace; font-size: 12px; overflow-wrap: anywhere; }
+      #retainers div.example { color: #57606a; }
       .scroll { overflow-x: auto; }
       svg.flame { display: block; max-width: 100%; height: auto; }
       svg.flame text { font: 11px ui-monospace, "DejaVu Sans Mono", Menlo, monospace; fill: #1f2328; pointer-events: none; }
@@ -238,11 +240,11 @@ module DatadogHeap
       else
         holders.map do |site|
           shapes = site[:shapes].map do |counts, shape, example|
-            e = example ? %(<br><span class="help">e.g. #{h(example)}</span>) : ""
-            %(<li><span class="help">#{h(counts)}:</span> <code>#{h(shape)}</code>#{e}</li>)
+            e = example ? %(<div class="example">e.g. #{h(example)}</div>) : ""
+            %(<li>#{h(counts)}: <span class="path">#{h(shape)}</span>#{e}</li>)
           end
-          %(<h3><code>#{h(site[:site])}</code> (#{h(site[:class_name])})</h3>\n<p class="help">#{h(site[:found])}</p>\n) +
-            %(<ul class="notes">\n#{shapes.join("\n")}\n</ul>)
+          %(<h3>#{h(site[:site])} (#{h(site[:class_name])})</h3>\n<ul class="notes">\n#{shapes.join("\n")}\n</ul>\n) +
+            %(<p class="help">#{h(site[:found])}</p>)
         end.join("\n")
       end
       %(<section id="retainers">\n<h2>What keeps it alive</h2>\n<p class="help">Retainer paths from GC roots, grouped by ) +

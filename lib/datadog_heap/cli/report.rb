@@ -158,7 +158,7 @@ module DatadogHeap
       # [counts, shape, example or nil]; the example's keys by class and size.
       def holder_rows(profile, held, paths)
         held.reject { |h| h.shapes.empty? }.map do |h|
-          {site: paths.label(h.site, :site), class_name: h.site.class_name || "?", found: found_line(h).delete_suffix(":"),
+          {site: paths.label(h.site, :site), class_name: h.site.class_name || "?", found: found_line(h),
            shapes: h.shapes.map do |s|
              example = shown_path(s.example, {})
              [shape_counts(profile, h, s), s.shape, example == s.shape ? nil : example]

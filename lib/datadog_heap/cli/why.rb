@@ -134,17 +134,18 @@ module DatadogHeap
         end
       end
 
-      # The lines under a site: how many of its sampled objects have a path, then each shape
-      # with an example path.
+      # The lines under a site: each shape with an example path, then how many of its sampled
+      # objects have a path.
       def why_lines(profile, held, options)
         return ["(no sampled object of this site has a path; #{SEARCHED})"] if held.shapes.empty?
 
-        [found_line(held)] + held.shapes.flat_map do |s|
+        lines = held.shapes.flat_map do |s|
           example = shown_path(s.example, options)
-          lines = ["#{shape_counts(profile, held, s)}: #{SafeText.escape(s.shape)}"]
-          lines << "   e.g. #{SafeText.escape(example)}" unless example == s.shape
-          lines
+          shape = ["#{shape_counts(profile, held, s)}: #{SafeText.escape(s.shape)}"]
+          shape << "   e.g. #{SafeText.escape(example)}" unless example == s.shape
+          shape
         end
+        lines << found_line(held)
       end
 
       # "paths found for 3 of the site's 1602 sampled objects (0.2%; 386 of its 204956 live objects)".
@@ -153,9 +154,9 @@ module DatadogHeap
         live = "#{held.objects} of its #{site.live_objects} live objects"
         if held.sampled && site.samples
           "paths found for #{held.sampled} of the site's #{site.samples} sampled objects " \
-            "(#{share(held.sampled, site.samples)}; #{live}):"
+            "(#{share(held.sampled, site.samples)}; #{live})"
         else
-          "paths found for sampled objects standing for #{live} (#{share(held.objects, site.live_objects)}):"
+          "paths found for sampled objects standing for #{live} (#{share(held.objects, site.live_objects)})"
         end
       end
 
