@@ -94,8 +94,8 @@ RSpec.describe "retainer paths: redaction and shapes" do
   end
 
   describe "Retainers::PathText" do
-    text = DatadogHeap::Retainers::PathText
-    valued = %(constant QUOTER (Quoter) -> @memo (Hash) -> key ["CHF", "GBP", "214.14", "1700000000114"] (Array) -> [3] (String))
+    let(:text) { DatadogHeap::Retainers::PathText }
+    let(:valued) { %(constant QUOTER (Quoter) -> @memo (Hash) -> key ["CHF", "GBP", "214.14", "1700000000114"] (Array) -> [3] (String)) }
 
     it "reads a path's shape: keys and indexes as *" do
       expect(text.shape(valued)).to eq("constant QUOTER (Quoter) -> @memo (Hash) -> key * (Array) -> [*] (String)")
