@@ -186,9 +186,38 @@ RSpec.describe "retainer paths: redaction and shapes" do
       path = @rec.write_profile(File.join(dir, "rough.pb.gz"))
       out, err, code = run_cli("report", path)
       expect(code).to eq(0), err
-      expect(out).to include("Not conclusive: The top row rests on fewer than 5 samples.")
-      expect(out).to include("`datadog-heap run --preset leak_hunt`", "would record about 64 samples for the first of them " \
+      expect(out).to include("Not conclusive: the top row rests on fewer than 5 samples.")
+      expect(out).to include("`datadog-heap run --preset leak_hunt`", "would record about 64 samples for it " \
         "(8192 live objects / 128; 2 now)", "`datadog-heap trend`")
+    end
+
+    it "says nothing more when the leading rows are measured, and counts the rough ones when they lead" do
+      keep = ->(line, count, weight) { count.times { RetainerPathsSpec::MEMO[[line, _1]] = (s = "y" * 40) and record(@rec, s, weight: weight, locations: site(line)) } }
+      helper = lambda do
+        (10..12).each { |line| keep.call(line, 8, 64) } # three measured sites: 8 samples each
+        keep.call(13, 2, 8192) # one rough site, heavier than any of them
+        nil
+      end
+      helper.call
+      helper = nil
+      commit_and_age
+      out, err, code = run_cli("report", @rec.write_profile(File.join(dir, "measured.pb.gz")))
+      expect(code).to eq(0), err
+      expect(out).to include("~ rough: fewer than 5 samples")
+      expect(out).not_to include("Not conclusive")
+
+      RetainerPathsSpec::MEMO.delete_if { |(line, i), _| line == 11 || (line == 12 && i > 0) }
+      helper = lambda do
+        keep.call(14, 3, 4096) # a second rough site
+        nil
+      end
+      helper.call
+      helper = nil
+      commit_and_age
+      out, err, code = run_cli("report", @rec.write_profile(File.join(dir, "rough.pb.gz")), "--top", "3")
+      expect(code).to eq(0), err
+      expect(out).to include("Not conclusive: 2 of the top 3 rows rest on fewer than 5 samples.",
+        "would record about 128 samples for the first of them (16384 live objects / 128; 2 now)")
     end
   end
 end

@@ -233,16 +233,17 @@ module DatadogHeap
         dense = Recorder::PRESETS[:leak_hunt][:sample_every]
         first = rough.first
         where = if shown.size == 1
-          "The top row rests"
+          "the top row rests"
         elsif rough.size == shown.size
-          "All #{shown.size} top rows rest"
+          "all #{shown.size} top rows rest"
         else
           "#{rough.size} of the top #{shown.size} rows rest"
         end
         preset = if profile.period.to_i > dense
           expected = (first.live_objects / dense.to_f).round
           "the leak-hunt preset (`datadog-heap run --preset leak_hunt`, DATADOG_HEAP_PRESET=leak_hunt: 1 in #{dense}) " \
-            "would record about #{expected} samples for the first of them (#{first.live_objects} live objects / #{dense}; " \
+            "would record about #{expected} samples for #{rough.size == 1 ? "it" : "the first of them"} " \
+            "(#{first.live_objects} live objects / #{dense}; " \
             "#{first.samples} now), "
         else
           ""
