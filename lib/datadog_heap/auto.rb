@@ -34,13 +34,21 @@
 # failed write gets a warning; nothing here raises into the program. Forked children (Process.fork,
 # fork, Process.daemon) get their own writer thread and their own files, named by their pid. It
 # is otherwise silent.
+#
+# The datadog-heap command itself is never profiled: it finds this file in RUBYOPT when it runs
+# under `datadog-heap run` or in a shell that profiles every Ruby, and it only reads profiles;
+# profiling it would make it write or upload a profile of its own at exit, and wait for that (up
+# to the upload's timeout, at zero CPU) before it exits.
 
-loaded = begin
-  require "datadog_heap/auto_mode"
-  true
-rescue ScriptError, StandardError => e
-  warn "datadog_heap/auto: not profiling: #{e.class}: #{e.message}"
-  false
+# $PROGRAM_NAME is already the script's path when RUBYOPT's -r runs.
+unless File.basename($PROGRAM_NAME.to_s) == "datadog-heap"
+  loaded = begin
+    require "datadog_heap/auto_mode"
+    true
+  rescue ScriptError, StandardError => e
+    warn "datadog_heap/auto: not profiling: #{e.class}: #{e.message}"
+    false
+  end
+
+  DatadogHeap::Auto.setup if loaded
 end
-
-DatadogHeap::Auto.setup if loaded

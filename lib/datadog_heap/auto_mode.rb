@@ -24,7 +24,8 @@ module DatadogHeap
     ENV_GC = "DATADOG_HEAP_GC"
     ENV_RSS_LIMIT = "DATADOG_HEAP_RSS_LIMIT"
     ENV_RSS_STEP = "DATADOG_HEAP_RSS_STEP"
-    # How long the exit handler waits for a write in progress in the writer thread.
+    # How long the exit handler waits for a write in progress in the writer thread, and at most
+    # for each of: a write or upload another thread has under way, the final upload.
     STOP_TIMEOUT = 10
     # Seconds between two profiles when uploading and DATADOG_HEAP_INTERVAL is unset.
     UPLOAD_INTERVAL = 60
@@ -334,9 +335,46 @@ module DatadogHeap
         end
         DatadogHeap.stop
         GC.start
-        publish
+        publish_at_exit
       rescue *FAILURES => e
         warn "datadog_heap/auto: no final profile: #{e.class}: #{e.message}"
+      end
+
+      # The final profile: written, and sent, as `publish` does, but the process never waits
+      # long for it to exit: at most STOP_TIMEOUT for a publish another thread has under way (the
+      # RSS watch's), and as long for the upload, whose own timeout (DATADOG_HEAP_UPLOAD_TIMEOUT)
+      # may be up to 600 s. Writing the file is not cut short.
+      def publish_at_exit
+        deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + STOP_TIMEOUT
+        until @publish_lock.try_lock
+          if Process.clock_gettime(Process::CLOCK_MONOTONIC) >= deadline
+            warn "datadog_heap/auto: no final profile: a profile was still being written or sent after #{STOP_TIMEOUT} s"
+            return
+          end
+          sleep 0.01
+        end
+        begin
+          write if @output
+          upload_at_exit if @upload
+        ensure
+          @publish_lock.unlock
+        end
+      end
+
+      # Sends the final profile from a thread of its own, given up after STOP_TIMEOUT (killing
+      # the thread cancels the request).
+      def upload_at_exit
+        sender = Thread.new { @upload.push(DatadogHeap.recorder) }
+        sender.report_on_exception = false
+        if sender.join(STOP_TIMEOUT)
+          sender.value
+        else
+          sender.kill
+          sender.join(1)
+          warn "datadog_heap/auto: gave up sending the final profile after #{STOP_TIMEOUT} s"
+        end
+      rescue *FAILURES => e
+        warn "datadog_heap/auto: could not upload a profile: #{e.class}: #{e.message}"
       end
     end
 
