@@ -163,6 +163,11 @@ RSpec.describe "retainer paths: redaction and shapes" do
       plain = @rec.write_profile(File.join(dir, "plain.pb.gz"))
       expect(run_cli("report", plain)[0]).not_to include("What keeps them alive")
 
+      # The endpoint's ?report=1 renders through CLI#write_report: the same line.
+      io = StringIO.new
+      DatadogHeap::CLI.new(out: io).write_report(DatadogHeap::Profile.load(path), app_root: "/app")
+      expect(io.string).to include("What keeps them alive", ": constant RetainerPathsSpec::QUOTES (Hash) -> [*] (String) (3 of 3")
+
       page, err, code = run_cli("report", path, "--html")
       expect(code).to eq(0), err
       section = page[%r{<section id="retainers">.*?</section>}m]

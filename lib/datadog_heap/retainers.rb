@@ -41,11 +41,7 @@ module DatadogHeap
 
     attr_reader :sites, :visited, :elapsed, :stopped, :depth_cut, :limits
 
-    # Whether the paths show Hash keys as they are (Recorder#retainers(values: true)).
-    attr_reader :values
-
-    def initialize(sites, visited:, elapsed:, stopped:, depth_cut:, limits:, values: false)
-      @values = values
+    def initialize(sites, visited:, elapsed:, stopped:, depth_cut:, limits:)
       @sites = sites.freeze
       @visited = visited
       @elapsed = elapsed
@@ -514,7 +510,7 @@ module DatadogHeap
         Retainers::Site.new(*site, retained.freeze)
       end
       Retainers.new(sites, visited: visited, elapsed: elapsed, stopped: stopped&.to_sym, depth_cut: depth_cut,
-        limits: o.slice(:max_depth, :max_visited, :time_budget), values: o[:values])
+        limits: o.slice(:max_depth, :max_visited, :time_budget, :values))
     end
 
     # The native #profile, which #profile below wraps.
