@@ -469,6 +469,27 @@ RSpec.describe "datadog-heap (exe/datadog-heap)" do
       expect(cli("run", "--help")[0]).to include("--preset NAME", "--retainers", "--gc", "--values")
     end
 
+    it "writes each profile after a full GC with --gc, and with keys as they are with --retainers --values" do
+      program = "$keep = {}; 20_000.times { |i| $keep['key-%d' % i] = 'v' * 60 }"
+      out, err, code = cli("run", "--out", dir, "--sample-every", "64", "--gc", "--retainers", "--values", "--",
+        RbConfig.ruby, "-e", program, env: {"DATADOG_HEAP_MAX_OVERHEAD" => "none"})
+      expect(code).to eq(0), err
+      profile = DatadogHeap::Profile.load(Dir.glob(File.join(dir, "heap-*.pb.gz")).max)
+      expect(profile.comments).to include(a_string_including("a full GC ran just before this profile"))
+      expect(profile.samples.filter_map(&:retained_by)).to include(a_string_matching(/\Aglobal \$keep \(Hash\) -> \["key-\d+"\] \(String\)\z/))
+      expect(out).to include("What keeps them alive")
+
+      FileUtils.rm_f(Dir.glob(File.join(dir, "heap-*.pb.gz")))
+      _, err, code = cli("run", "--out", dir, "--sample-every", "64", "--retainers", "--", RbConfig.ruby, "-e", program,
+        env: {"DATADOG_HEAP_MAX_OVERHEAD" => "none"})
+      expect(code).to eq(0), err
+      profile = DatadogHeap::Profile.load(Dir.glob(File.join(dir, "heap-*.pb.gz")).max)
+      expect(profile.comments).to include(a_string_including("no full GC ran just before this profile"))
+      labels = profile.samples.filter_map(&:retained_by)
+      expect(labels).to include(a_string_matching(/\Aglobal \$keep \(Hash\) -> \[\(String, \d bytes\)\] \(String\)\z/))
+      expect(labels.join).not_to include("key-")
+    end
+
     it "writes profiles with retainer paths under --preset leak_hunt, which `why` reads" do
       program = "$keep = Array.new(20_000) { |i| 'kept %d' % i }"
       out, err, code = cli("run", "--out", dir, "--preset", "leak_hunt", "--", RbConfig.ruby, "-e", program)
