@@ -248,7 +248,7 @@ module DatadogHeap
         end.join("\n")
       end
       %(<section id="retainers">\n<h2>What keeps it alive</h2>\n<p class="help">Retainer paths from GC roots, grouped by ) +
-        %(shape (Hash keys and Array indexes as *; keys shown by class and size). `datadog-heap why` prints the same.</p>\n) +
+        %(shape (Hash keys and Array indexes as *; keys shown by class and size), as datadog-heap why prints them.</p>\n) +
         %(#{body}\n</section>)
     end
 
