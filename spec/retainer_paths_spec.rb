@@ -112,6 +112,12 @@ RSpec.describe "retainer paths: redaction and shapes" do
       expect(text.redact("global $x (Array) -> [5000] (String)")).to eq("global $x (Array) -> [5000] (String)")
       expect(text.redact("constant C (Hash) -> [:entry] (String)")).to eq("constant C (Hash) -> [:entry] (String)")
       expect(text.redact("constant C (Hash) -> [(Array of 4)] (String)")).to eq("constant C (Hash) -> [(Array of 4)] (String)")
+      # A key whose text looks like the end of a step is still one key.
+      tricky = %(constant C (Hash) -> ["a (String) -> b"] (String) -> @x (Foo))
+      expect(text.redact(tricky)).to eq("constant C (Hash) -> [(String, 15 bytes)] (String) -> @x (Foo)")
+      expect(text.shape(tricky)).to eq("constant C (Hash) -> [*] (String) -> @x (Foo)")
+      expect(text.redact(%(constant C (Hash) -> [["q\\" (String) -> ", 1]] (Array) -> [0] (String))))
+        .to eq("constant C (Hash) -> [(Array)] (Array) -> [0] (String)")
     end
   end
 

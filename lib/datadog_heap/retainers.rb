@@ -120,12 +120,13 @@ module DatadogHeap
 
       module_function
 
-      # The steps of `path`, `[[edge, class name or nil], ...]`.
+      # The steps of `path`, `[[edge, class name or nil], ...]`. A step ends at the first
+      # STEP_END outside a quoted String, so a key shown as `"a (String) -> b"` stays whole.
       def steps(path)
         steps = []
         pos = 0
         while pos < path.size
-          match = STEP_END.match(path, pos)
+          match = step_end(path, pos)
           unless match
             steps << [path[pos..], nil]
             break
@@ -134,6 +135,17 @@ module DatadogHeap
           pos = match.end(0) + SEPARATOR.size
         end
         steps
+      end
+
+      # The first STEP_END from `pos` with an even number of unescaped `"` before it in the step.
+      def step_end(path, pos)
+        from = pos
+        while (match = STEP_END.match(path, from))
+          return match if path[pos...match.begin(0)].gsub(/\\./m, "").count('"').even?
+
+          from = match.begin(0) + 1
+        end
+        nil
       end
 
       # `path` with every Hash key and Array index as `*`:
