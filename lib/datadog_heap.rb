@@ -101,6 +101,7 @@ module DatadogHeap
 
           next_rate = DatadogHeap._native_window_tick
           @rate = next_rate if @generation == generation
+          DatadogHeap.warn_about_window_timer
         end
       end
     end
@@ -162,9 +163,61 @@ module DatadogHeap
     reason = signal_conflict
     return unless reason
 
-    _native_use_ruby_timer(true)
+    use_ruby_timer(reason)
     warn "datadog_heap: #{reason}; the windowed sampler's timer is a Ruby thread here and sends no signals " \
       "(about 10 windows a second next to a busy thread; DATADOG_HEAP_WINDOW_TIMER=native sends them anyway)"
+  end
+
+  # Makes the window timer the Ruby thread for good, and keeps why (nil: the user asked for it
+  # with DATADOG_HEAP_WINDOW_TIMER=ruby).
+  def self.use_ruby_timer(reason)
+    @ruby_timer_reason = reason
+    _native_use_ruby_timer(true)
+  end
+
+  # Why the windowed sampler cannot open windows at the rate asked for in a busy program here, or
+  # nil: its timer would be a Ruby thread (about 10 windows a second next to a thread that never
+  # waits) because of this Ruby, a loaded gem that its signals would break, no free signal, or a
+  # program that replaced the signal's handler. DATADOG_HEAP_WINDOW_TIMER=ruby (the user's own
+  # choice) is not a problem here, and =native skips the check for gems.
+  def self.window_timer_problem
+    return @ruby_timer_reason if @ruby_timer_reason
+
+    forced = ENV["DATADOG_HEAP_WINDOW_TIMER"].to_s
+    return nil if forced == "ruby"
+
+    conflict = signal_conflict if forced == ""
+    conflict || _native_window_timer_problem
+  end
+
+  # The default sampler where the windowed one cannot keep its rate (window_timer_problem): the
+  # countdown, at the interval asked, with one warning per process. Returns the note the
+  # recorder keeps in its stats and profiles, or nil when the windowed sampler can run as asked.
+  def self.default_sampler_fallback(sample_every)
+    problem = window_timer_problem
+    return nil unless problem
+
+    note = "datadog_heap: #{problem}, so the default sampler is the countdown here (1 in #{sample_every}, " \
+      "every allocation through the VM's slow path, about +25 ns each) rather than windows at about 10 a " \
+      "second, whose estimates would be off; pass sampler: :windowed to keep windows anyway"
+    unless @warned_sampler_fallback
+      @warned_sampler_fallback = true
+      warn note
+    end
+    note
+  end
+
+  # Warns once when the native window timer stops reaching the VM while windows are wanted (the
+  # program replaced the handler of its signal). Called by the Ruby timer thread after each tick.
+  def self.warn_about_window_timer
+    return if @warned_window_timer
+
+    problem = _native_window_timer_problem
+    return unless problem
+
+    @warned_window_timer = true
+    warn "datadog_heap: #{problem}; windows are opened by a Ruby thread from now on (about 10 a second " \
+      "next to a busy thread), so estimates are rougher (stats[:window_timer_note], the profiles' notes)"
   end
 
   # Stops the window timer around `exec` (Kernel#exec, Kernel.exec, Process.exec) before Ruby
@@ -224,9 +277,9 @@ rescue LoadError
 end
 
 if ENV["DATADOG_HEAP_WINDOW_TIMER"] == "ruby"
-  DatadogHeap._native_use_ruby_timer(true)
+  DatadogHeap.use_ruby_timer(nil)
 elsif !DatadogHeap.native_window_timer_safe?
-  DatadogHeap._native_use_ruby_timer(true)
+  DatadogHeap.use_ruby_timer("Ruby 3.3.0 with RUBY_MN_THREADS=1 crashes when a native thread triggers a postponed job (bug #20016)")
   warn "datadog_heap: Ruby 3.3.0 with RUBY_MN_THREADS=1 has bug #20016 (a postponed job triggered from a " \
     "native thread crashes the VM); the windowed sampler's timer is a Ruby thread here (fixed in 3.3.1)"
 end
@@ -332,6 +385,13 @@ module DatadogHeap
       options
     end
   end
+end
+
+module DatadogHeap
+  # For this gem's own specs and benchmarks only, not part of its API: switches and probes the
+  # extension defines (every method is a `_native_` one) to force rare paths and read internal
+  # counters. They may change or go in any release.
+  module Testing; end
 end
 
 # In a Rails app (Bundler.require loads this after Rails): config.datadog_heap, see railtie.rb.

@@ -76,14 +76,17 @@ RSpec.describe "DatadogHeap.native_window_timer_safe?" do
         passenger: "5.0.0")).to be_nil
     end
 
-    it "makes the first windowed start use the Ruby thread timer, with a warning, unless DATADOG_HEAP_WINDOW_TIMER is set" do
+    it "makes the default sampler the countdown, and a windowed start use the Ruby thread timer, with a warning each, " \
+      "unless DATADOG_HEAP_WINDOW_TIMER is set" do
       skip "the timer sends no signals from Ruby 3.3 on" if RUBY_VERSION >= "3.3"
       script = <<~'RUBY'
         Gem.loaded_specs["rugged"] = Gem::Specification.new { |s| s.name = "rugged"; s.version = "1.7.1" }
         DatadogHeap::Recorder.new(sampler: :countdown).tap(&:start).stop # a countdown start checks nothing
-        rec = DatadogHeap::Recorder.new
+        default = DatadogHeap::Recorder.new
+        note = default.stats[:sampler_note]
+        rec = DatadogHeap::Recorder.new(sampler: :windowed)
         rec.start
-        print Marshal.dump(DatadogHeap._native_native_window_timer)
+        print Marshal.dump([default.sampler, note.to_s[/countdown/], DatadogHeap._native_native_window_timer])
         rec.stop
       RUBY
       run = lambda do |env|
@@ -91,11 +94,14 @@ RSpec.describe "DatadogHeap.native_window_timer_safe?" do
         expect(status).to be_success, err
         [Marshal.load(out), err.lines.grep(/datadog_heap: the rugged/)] # rubocop:disable Security/MarshalLoad
       end
-      native, warnings = run.call({})
-      expect(native).to be(false)
-      expect(warnings).to contain_exactly(a_string_matching(/rugged gem is loaded .* timer is a Ruby thread here and sends no signals/))
-      native, warnings = run.call({"DATADOG_HEAP_WINDOW_TIMER" => "native"})
-      expect([native, warnings]).to eq([true, []])
+      (sampler, note, native), warnings = run.call({})
+      expect([sampler, note, native]).to eq([:countdown, "countdown", false])
+      expect(warnings).to contain_exactly(
+        a_string_matching(/rugged gem is loaded .*, so the default sampler is the countdown here/),
+        a_string_matching(/rugged gem is loaded .* timer is a Ruby thread here and sends no signals/)
+      )
+      (sampler, note, native), warnings = run.call({"DATADOG_HEAP_WINDOW_TIMER" => "native"})
+      expect([sampler, note, native, warnings]).to eq([:windowed, nil, true, []])
     end
   end
 

@@ -78,6 +78,11 @@ module DatadogHeap
       options = check_options(options)
       given = PRESETS.fetch(options[:preset], {}).merge(given)
       DatadogHeap.warn_about_ruby_version
+      # The windowed sampler by default only where its timer can keep its rate.
+      if options[:sampler] == :windowed && NilClass === given[:sampler] && !given.key?(:windows_per_second)
+        sampler_note = DatadogHeap.default_sampler_fallback(options[:sample_every])
+        options[:sampler] = :countdown if sampler_note
+      end
       rate = options[:sampler] == :windowed ? options[:windows_per_second].to_f : nil
       if rate.nil? && given.key?(:windows_per_second)
         with_preset = options[:preset] ? " (with preset: :#{options[:preset]}, which sets sampler: :countdown)" : ""
@@ -89,6 +94,7 @@ module DatadogHeap
       # GC.stress).
       recorder.send(:setup_rss, options.slice(*RSS_OPTIONS)) if options[:rss_limit]
       recorder.instance_variable_set(:@preset, options[:preset]) if options[:preset]
+      recorder._native_set_sampler_note(sampler_note) if sampler_note
       recorder
     end
 
@@ -161,8 +167,131 @@ module DatadogHeap
     end
     private_class_method :check_rss_options
 
-    alias_method :_native_start, :start
+    alias_method :_native_start, :start # :nodoc:
     private :_native_start
+
+    # The methods below are defined by the extension (ext/datadog_heap/src/recorder/); these
+    # comments are their reference.
+
+    ##
+    # :method: stop
+    # :call-seq: stop -> true or false
+    #
+    # Stops sampling. What the recorder tracks stays tracked and in its profiles, and #start
+    # samples again. Safe to call when not running. With rss_limit, the RSS watch stops too.
+
+    ##
+    # :method: running?
+    # :call-seq: running? -> true or false
+    #
+    # Whether the recorder is sampling (between #start and #stop, and not disabled by an error).
+
+    ##
+    # :method: commit
+    # :call-seq: commit -> Integer
+    #
+    # Commits the pending recordings now (a postponed job does it soon after each sample anyway)
+    # and returns how many it committed: 0 when another commit or update is busy. An error an
+    # earlier postponed commit hit is not raised here; it was warned about once and stays in
+    # stats[:last_commit_error].
+
+    ##
+    # :method: update_young_objects
+    # :call-seq: update_young_objects -> true or false
+    #
+    # Checks which of the objects tracked since the last GC are still alive. Returns false when
+    # the update was skipped: another one is busy, the last ran less than 2 seconds ago, or no GC
+    # has run since. Profiles and #each_live_object run a full update of their own.
+
+    ##
+    # :method: stats
+    # :call-seq: stats -> Hash
+    #
+    # The recorder's counters, keyed by Symbol: those of Datadog's C heap recorder
+    # (:num_object_records, :num_heap_records, :lifetime_recordings_skipped_max_tracked, ...) and
+    # the sampler's own (:sampler_effective_sample_every, :sampler_budget_note, ...), plus
+    # :disabled_reason when an error stopped it. README.md, "Troubleshooting", reads them.
+
+    ##
+    # :method: debug
+    # :call-seq: debug -> [[:records, [String, ...]], [:state, Hash]]
+    #
+    # The tracked records as text and the counters of #stats, for a failure report.
+
+    ##
+    # :method: after_fork
+    # :call-seq: after_fork -> nil
+    #
+    # In a forked child, drops what the parent tracked and starts afresh, as the fork hook does on
+    # its own. Only for a child that hook missed; a no-op in the process that created the recorder.
+
+    ##
+    # :method: record_id_for
+    # :call-seq: record_id_for(obj) -> Integer or nil
+    #
+    # The id under which +obj+ is tracked, or nil when it is not (never sampled, or not committed
+    # yet). Retainer paths (#retainers) are keyed by these ids.
+
+    ##
+    # :method: recorded?
+    # :call-seq: recorded?(record_id) -> true or false
+    #
+    # Whether a record with the id +record_id+ (see #record_id_for) is still tracked.
+
+    ##
+    # :method: exhaust_record_ids!
+    #
+    # For tests only: moves the id counter to its last value, so that the next recording finds no
+    # id left and the recorder's handling of that runs.
+
+    ##
+    # :method: reset_last_update!
+    #
+    # For tests only: forgets when the last young update ran, so #update_young_objects does not
+    # skip the next one for having run less than 2 seconds ago.
+
+    ##
+    # :method: sample_every
+    # :call-seq: sample_every -> Integer
+    #
+    # The mean number of allocations between two samples asked for (see the options above; the
+    # overhead budget may raise the interval in force, stats[:sampler_effective_sample_every]).
+
+    ##
+    # :method: sample_rate
+    # :call-seq: sample_rate -> Integer
+    #
+    # One recording in this many is kept, weighted by it (see the options above).
+
+    ##
+    # :method: size_enabled
+    # :call-seq: size_enabled -> true or false
+    #
+    # Whether updates measure object sizes (see the options above).
+
+    ##
+    # :method: max_frames
+    # :call-seq: max_frames -> Integer
+    #
+    # The deepest stack kept (see the options above).
+
+    ##
+    # :method: max_tracked_objects
+    # :call-seq: max_tracked_objects -> Integer
+    #
+    # The most objects tracked at once (see the options above).
+
+    ##
+    # :method: max_overhead
+    # :call-seq: max_overhead -> Float or nil
+    #
+    # The overhead budget, as a share of the process's CPU time, or nil for none.
+
+    ##
+    # :method: windows_per_second
+    # :call-seq: windows_per_second -> Float or nil
+    #
+    # The windowed sampler's mean rate of windows, or nil for the countdown sampler.
 
     # Starts sampling (see docs/samplers.md and docs/architecture.md, "Lifecycle"). The first start of a
     # windowed recorder in the process first checks, before Ruby 3.3, for gems that the window
@@ -197,11 +326,13 @@ module DatadogHeap
       windows_per_second ? :windowed : :countdown
     end
 
+    # Keeps one in +value+ recordings from now on (an Integer, at least 1), weighting each by it.
     def sample_rate=(value)
       Validate.integer!(:sample_rate, value, 1, U32_MAX)
       _native_set_sample_rate(value)
     end
 
+    # Turns size measurement during updates on or off (true or false).
     def size_enabled=(value)
       Validate.boolean!(:size_enabled, value)
       _native_set_size_enabled(value)
@@ -244,6 +375,7 @@ module DatadogHeap
       end
     end
 
+    # The recorder's options in one line.
     def inspect
       how = windows_per_second ? "sampler=windowed windows_per_second=#{windows_per_second}" : "sample_every=#{sample_every}"
       "#<#{self.class} #{how} sample_rate=#{sample_rate} " \
@@ -252,10 +384,23 @@ module DatadogHeap
     end
   end
 
-  # One tracked object as the last full update saw it.
+  # One tracked object as the last full update saw it (Recorder#each_live_object yields them).
   class LiveObject
-    attr_reader :locations, :weight, :size, :class_name, :alloc_gen, :gen_age
+    # Where it was allocated: [name, path, line] frames, innermost first.
+    attr_reader :locations
+    # How many allocations its sample stands for.
+    attr_reader :weight
+    # Its size in bytes (ObjectSpace.memsize_of) as an update last measured it; 0 if none did
+    # (size_enabled false).
+    attr_reader :size
+    # The name of its class, or nil when it has none (an anonymous class).
+    attr_reader :class_name
+    # The GC count when it was allocated.
+    attr_reader :alloc_gen
+    # How many GCs it has survived.
+    attr_reader :gen_age
 
+    # Built by Recorder#each_live_object from what the update read.
     def initialize(locations, weight, size, class_name, alloc_gen, gen_age, frozen)
       @locations = locations
       @weight = weight
@@ -271,6 +416,7 @@ module DatadogHeap
       @frozen
     end
 
+    # Its class, weight, size, age and allocation site in one line.
     def inspect
       top = locations.first
       "#<#{self.class} #{class_name || "?"} weight=#{weight} size=#{size} gen_age=#{gen_age} " \

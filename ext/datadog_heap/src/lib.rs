@@ -103,6 +103,12 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
         "_native_native_window_timer",
         function!(runtime::native_window_timer, 0),
     )?;
+    // Why the native window timer cannot open windows at the rate asked for here (a String), or
+    // nil: lib/datadog_heap.rb warns and the default sampler becomes the countdown.
+    module.define_singleton_method(
+        "_native_window_timer_problem",
+        function!(runtime::window_timer_problem, 0),
+    )?;
     module.define_singleton_method("_native_shutdown", function!(runtime::shutdown, 0))?;
     Ok(())
 }

@@ -127,6 +127,12 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
         "_native_window_signals",
         function!(runtime::window_signal_counts, 0),
     )?;
+    // Before Ruby 3.3: the real-time signal the window timer sends, once a windowed start
+    // installed its handler; nil otherwise.
+    testing.define_singleton_method(
+        "_native_window_signal_number",
+        function!(runtime::window_signal_number, 0),
+    )?;
     // Whether the NEWOBJ hook is installed (a windowed sampler's window is open): allocates
     // nothing, so a spec can wait for a window without adding to the gap before it.
     testing.define_singleton_method(
@@ -159,6 +165,27 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
         function!(crate::shims::method_entry_layout_verified, 0),
     )?;
     testing.define_singleton_method("_native_hold_lock", function!(hold_lock, 1))?;
+    // Before Ruby 3.3: [GVL owner found, offset of the kernel id in a thread's struct, bytes of a
+    // thread's struct the probe read, whether the id of the thread that forked is kept apart];
+    // nil from 3.3 on, where nothing is probed.
+    testing.define_singleton_method(
+        "_native_gvl_probe",
+        function!(
+            || {
+                #[cfg(not(ruby_gte_3_3))]
+                return Some(crate::shims::gvl_owner::probe_report());
+                #[cfg(ruby_gte_3_3)]
+                None::<(bool, usize, usize, bool)>
+            },
+            0
+        ),
+    )?;
+    // What the overhead budget takes off each timed stretch for the clock's own reads, in ns
+    // (nil before any budget was made).
+    testing.define_singleton_method(
+        "_native_budget_clock_ns",
+        function!(crate::sampler::empty_stretch_ns, 0),
+    )?;
     // A profile as written before profiles carried records and variances.
     testing.define_singleton_method(
         "_native_profile_without_uncertainty",

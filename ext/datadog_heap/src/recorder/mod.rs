@@ -384,6 +384,14 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
             0
         ),
     )?;
+    // What lib/ changed of the sampler asked for (a String, or nil): in stats and profiles.
+    class.define_method(
+        "_native_set_sampler_note",
+        method!(
+            |rb_self: &Recorder, note: Option<String>| rb_self.session().set_sampler_note(note),
+            1
+        ),
+    )?;
     class.define_method(
         "_native_profile_retained",
         method!(profile::profile_retained, 1),

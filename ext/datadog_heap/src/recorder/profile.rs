@@ -58,7 +58,12 @@ pub(crate) fn encode(
 ) -> Result<EncodedPprof, Error> {
     with_session(ruby, rb_self, |session| {
         let mut snapshot = session.with_vm(ruby, |vm| session.core.prepare_iteration(vm))?;
-        if let Some(note) = session.budget_note() {
+        let notes = [
+            session.sampler_note(),
+            session.timer_note(),
+            session.budget_note(),
+        ];
+        for note in notes.into_iter().flatten() {
             snapshot.add_note(note);
         }
         snapshot.add_note(match session.take_full_gc_before_profile() {

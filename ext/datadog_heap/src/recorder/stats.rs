@@ -77,6 +77,11 @@ pub(super) fn stats_hash(ruby: &Ruby, session: &Session) -> Result<RHash, Error>
         budget.last_overhead.get(),
     )?;
     hash.aset(ruby.to_symbol("sampler_budget_note"), session.budget_note())?;
+    // What lib/ changed of the sampler asked for, which timer opens the windows (nil for the
+    // countdown), and what a Ruby timer means for the numbers.
+    hash.aset(ruby.to_symbol("sampler_note"), session.sampler_note())?;
+    hash.aset(ruby.to_symbol("window_timer"), session.window_timer())?;
+    hash.aset(ruby.to_symbol("window_timer_note"), session.timer_note())?;
     hash.aset(ruby.to_symbol("running"), session.is_running())?;
     hash.aset(ruby.to_symbol("disabled_reason"), session.disabled_reason())?;
     Ok(hash)

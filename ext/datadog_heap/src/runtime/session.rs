@@ -59,6 +59,9 @@ pub struct Session {
     /// The next profile follows a full GC the program asked for (`Recorder#profile(gc: true)`):
     /// its notes say so. Taken by the encode.
     full_gc_before_profile: Cell<bool>,
+    /// What lib/ changed of the sampler asked for, and why (the default sampler taken as the
+    /// countdown where the window timer cannot keep its rate): in `stats` and every profile.
+    sampler_note: RefCell<Option<String>>,
 }
 
 // SAFETY: a session is used only by threads holding the GVL of the main Ractor, one at a time,
@@ -93,7 +96,48 @@ impl Session {
             last_gc_seen: Cell::new(0),
             dropped: AtomicBool::new(false),
             full_gc_before_profile: Cell::new(false),
+            sampler_note: RefCell::new(None),
         }
+    }
+
+    /// Keeps what lib/ says it changed of the sampler (see `sampler_note`).
+    pub fn set_sampler_note(&self, note: Option<String>) {
+        if let Ok(mut kept) = self.sampler_note.try_borrow_mut() {
+            *kept = note;
+        }
+    }
+
+    pub fn sampler_note(&self) -> Option<String> {
+        self.sampler_note.try_borrow().ok()?.clone()
+    }
+
+    /// Which timer opens this session's windows: "native" or "ruby"; `None` for the countdown.
+    pub fn window_timer(&self) -> Option<&'static str> {
+        self.config.mode.windows_per_second()?;
+        Some(match super::windows::would_be_native() {
+            true => "native",
+            false => "ruby",
+        })
+    }
+
+    /// For a windowed session whose windows only the Ruby timer thread opens (or whose native
+    /// timer lost its way to the VM), what that means for its numbers; `None` otherwise.
+    pub fn timer_note(&self) -> Option<String> {
+        let rate = self.config.mode.windows_per_second()?;
+        let why = match (super::windows::would_be_native(), super::windows::problem()) {
+            (true, None) => return None,
+            (_, Some(problem)) => problem,
+            (false, None) => {
+                "chosen at load (DATADOG_HEAP_WINDOW_TIMER=ruby, Ruby 3.3.0 with M:N threads, \
+                 or a loaded gem that the timer's signals would break)"
+            }
+        };
+        Some(format!(
+            "datadog_heap: the windowed sampler's windows were opened by a Ruby thread ({why}): \
+             next to a busy thread it gets about 10 windows a second instead of {rate}, and what \
+             runs between windows is credited to the sites sampled next, so estimates can be off \
+             by more than their +/-; sampler: :countdown avoids it (docs/samplers.md)"
+        ))
     }
 
     /// Sets the WeakMap, once, right after it was made (with no allocation in between).

@@ -133,6 +133,13 @@ fn native(install: bool) -> bool {
     };
 }
 
+/// Whether the timer is, or would be, the native thread, without installing anything: not when
+/// the Ruby thread was chosen at load, nor before 3.3 when the native timer cannot reach the VM
+/// (`problem`).
+pub fn would_be_native() -> bool {
+    !RUBY_THREAD_FORCED.load(Ordering::Relaxed) && problem().is_none()
+}
+
 /// Starts the timer at `rate`, changes its rate, or (`None`) stops it.
 pub fn set_rate(rate: Option<f64>) {
     if native(rate.is_some()) {
@@ -179,7 +186,7 @@ fn request_tick() {
 #[cfg(not(ruby_gte_3_3))]
 mod signalled {
     use std::ffi::c_int;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::OnceLock;
 
     use crate::shims::{gvl_owner, signal};
@@ -191,6 +198,10 @@ mod signalled {
     /// which asked for nothing.
     static REGISTERED: AtomicU64 = AtomicU64::new(0);
     static NOT_GVL_OWNER: AtomicU64 = AtomicU64::new(0);
+
+    /// Set once the timer found another handler than ours on its signal (the program or a gem
+    /// replaced it): no signal is sent after that (see `request`).
+    static HANDLER_REPLACED: AtomicBool = AtomicBool::new(false);
 
     /// Asks for the window job only from the GVL owner: before 3.3, registering from any other
     /// thread races with the owner's flush of the job queue (see `shims::gvl_owner`).
@@ -222,6 +233,11 @@ mod signalled {
         }) != 0
     }
 
+    /// The signal the handler was installed for (0: none).
+    pub fn number() -> c_int {
+        SIGNAL.get().copied().unwrap_or(0)
+    }
+
     /// Whether the handler was installed (never installs it).
     pub fn installed() -> bool {
         SIGNAL.get().is_some_and(|&s| s != 0)
@@ -238,10 +254,23 @@ mod signalled {
     /// From the timer thread: signals the thread that holds the GVL, if one does. When none
     /// does (every Ruby thread blocked or asleep) the Ruby timer thread, which runs beside this
     /// one before 3.3, gets the GVL at once and ticks (see `set_rate`).
+    ///
+    /// Before each signal it checks that the handler is still ours: a program that later set
+    /// the signal back to its default action would be ended by the next one, and one that took
+    /// it for itself would receive ours. Once it is not, no signal is sent again; the Ruby timer
+    /// thread opens the windows from then on, and `problem` says so (a warning, the stats, the
+    /// profiles). A handler changed between this check and the signal (microseconds) is not seen.
     pub fn request() {
         let Some(&sig) = SIGNAL.get().filter(|&&s| s != 0) else {
             return;
         };
+        if HANDLER_REPLACED.load(Ordering::Relaxed) {
+            return;
+        }
+        if signal::handler_of(sig) != Some(on_signal as signal::Handler as libc::sighandler_t) {
+            HANDLER_REPLACED.store(true, Ordering::Relaxed);
+            return;
+        }
         let owner = gvl_owner::gvl_owner_tid();
         if owner > 0 {
             signal::send_to_thread(owner, sig);
@@ -253,6 +282,41 @@ mod signalled {
     pub fn after_fork() {
         gvl_owner::after_fork();
     }
+
+    /// Why the native timer cannot reach the VM here (see `super::problem`). Installs nothing.
+    pub fn problem() -> Option<&'static str> {
+        if !gvl_owner::gvl_owner_known() {
+            return Some(
+                "this Ruby keeps the GVL owner where the gem could not find it, so the native \
+                 timer cannot signal the thread that holds it",
+            );
+        }
+        if HANDLER_REPLACED.load(Ordering::Relaxed) {
+            return Some(
+                "the program replaced the handler of the timer's signal, so the native timer \
+                 stopped signalling",
+            );
+        }
+        let free = match SIGNAL.get() {
+            Some(&sig) => sig != 0,
+            None => signal::free_rt_signal_exists(),
+        };
+        match free {
+            true => None,
+            false => Some("no real-time signal is free for the native timer"),
+        }
+    }
+}
+
+/// Why the window timer is, or would be, only the Ruby thread (about 10 windows a second next to
+/// a busy thread instead of the rate asked for), beyond the load-time choices lib/datadog_heap.rb
+/// makes and names itself (`use_ruby_thread`); `None` when the native timer works. Before 3.3
+/// only: from 3.3 on the native timer needs no signal. Installs nothing.
+pub fn problem() -> Option<&'static str> {
+    #[cfg(not(ruby_gte_3_3))]
+    return signalled::problem();
+    #[cfg(ruby_gte_3_3)]
+    None
 }
 
 /// At load, before any timer starts: before 3.3, finds where the VM keeps the GVL owner, which
@@ -262,6 +326,15 @@ pub fn init(ruby: &Ruby) {
     signalled::probe(ruby);
     #[cfg(ruby_gte_3_3)]
     let _ = ruby;
+}
+
+/// Before 3.3: the real-time signal the timer sends (`None` before a windowed start installed
+/// its handler, and from 3.3 on).
+pub fn signal_number() -> Option<i32> {
+    #[cfg(not(ruby_gte_3_3))]
+    return Some(signalled::number()).filter(|&sig| sig != 0);
+    #[cfg(ruby_gte_3_3)]
+    None
 }
 
 /// Before 3.3: (timer signals that asked for the window job, signals that landed in a thread

@@ -25,7 +25,10 @@
 //! stretch: more than a whole sample now costs. So the frequent stretches (a sample, a commit)
 //! are timed one in [`TIME_ONE_IN`], drawn at random (a program's own rhythm cannot alias with
 //! it), and each timed one is charged for as many: an unbiased estimate of our time at a
-//! sixteenth of the clock's cost. Rare, long stretches (young updates) are always timed. The
+//! sixteenth of the clock's cost. What the clock adds to a stretch (the tail of one read and the
+//! head of the next, measured once per process as the median of back-to-back reads) is taken off
+//! first, and a stretch inside which a GC ran is charged once, not sixteen times: the GC is not our
+//! work repeated. Rare, long stretches (young updates) are always timed. The
 //! process's CPU time (`CLOCK_PROCESS_CPUTIME_ID`) is read only when a period may end, at most
 //! once per `PERIOD_WALL_NS` of wall time (`FIRST_PERIOD_WALL_NS` for the first period), from the
 //! commit job (never from the hook).
@@ -74,12 +77,48 @@ pub const WEAK_MAP_DEATH_NS: u64 = 2_500;
 #[cfg(ruby_gte_3_3)]
 pub const WEAK_MAP_DEATH_NS: u64 = 0;
 
-/// A stretch of our work being timed: when it started and how many stretches it stands for
-/// (0: not timed).
+/// A stretch of our work being timed: when it started, how many stretches it stands for (0: not
+/// timed), and the GC count then (a GC inside the stretch is not ours to multiply).
 #[derive(Clone, Copy)]
 pub struct Stretch {
     started_ns: u64,
     stands_for: u64,
+    gc_count: u64,
+}
+
+/// What the clock itself adds to a timed stretch (the end of the first read and the start of the
+/// second), in ns: the median of back-to-back reads, measured once per process (0 until then).
+static EMPTY_STRETCH_NS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+
+/// Measures the empty stretch once (at the first budget made). GVL held or not: reads a clock.
+fn calibrate_empty_stretch() -> u64 {
+    use std::sync::atomic::Ordering;
+    match EMPTY_STRETCH_NS.load(Ordering::Relaxed) {
+        u64::MAX => {
+            let mut spans: Vec<u64> = (0..63)
+                .map(|_| {
+                    let started = thread_cpu_ns();
+                    thread_cpu_ns().saturating_sub(started)
+                })
+                .collect();
+            spans.sort_unstable();
+            let median = spans[spans.len() / 2];
+            EMPTY_STRETCH_NS.store(median, Ordering::Relaxed);
+            median
+        }
+        known => known,
+    }
+}
+
+/// What a timed stretch is charged: the time it measured less the clock's own share
+/// (`empty_ns`), for as many stretches as it stands for; once only when a GC ran inside it, whose
+/// time would otherwise be multiplied as if it were ours sixteen times over.
+pub fn stretch_charge(spent_ns: u64, empty_ns: u64, stands_for: u64, gc_ran: bool) -> u64 {
+    let ours = spent_ns.saturating_sub(empty_ns);
+    match gc_ran {
+        true => ours,
+        false => ours.saturating_mul(stands_for),
+    }
 }
 
 /// Where the process's CPU time comes from: the kernel, or (tests) a model that charges a fixed
@@ -127,6 +166,9 @@ pub struct Budget {
 
 impl Budget {
     pub fn new(max_overhead: f64) -> Self {
+        if max_overhead > 0.0 {
+            calibrate_empty_stretch();
+        }
         Budget {
             max_overhead: Cell::new(max_overhead),
             scale: Cell::new(1.0),
@@ -150,6 +192,9 @@ impl Budget {
 
     /// Sets the limit (at session creation, before anything samples).
     pub fn set_max_overhead(&self, max_overhead: f64) {
+        if max_overhead > 0.0 {
+            calibrate_empty_stretch();
+        }
         self.max_overhead.set(max_overhead);
     }
 
@@ -172,10 +217,12 @@ impl Budget {
             true => Stretch {
                 started_ns: thread_cpu_ns(),
                 stands_for: TIME_ONE_IN,
+                gc_count: crate::shims::gc_count(),
             },
             false => Stretch {
                 started_ns: 0,
                 stands_for: 0,
+                gc_count: 0,
             },
         }
     }
@@ -189,19 +236,24 @@ impl Budget {
 
     /// Starts a rare stretch (a young update): always timed under a budget.
     pub fn start_always(&self) -> Stretch {
+        let active = self.active();
         Stretch {
-            started_ns: if self.active() { thread_cpu_ns() } else { 0 },
-            stands_for: u64::from(self.active()),
+            started_ns: if active { thread_cpu_ns() } else { 0 },
+            stands_for: u64::from(active),
+            gc_count: if active { crate::shims::gc_count() } else { 0 },
         }
     }
 
-    /// Charges the thread CPU time since `stretch` started, for as many stretches as it stands
-    /// for; nothing for an untimed one.
+    /// Charges the thread CPU time since `stretch` started, less the clock's own share, for as
+    /// many stretches as it stands for (see `stretch_charge`); nothing for an untimed one.
     #[inline]
     pub fn charge_since(&self, stretch: Stretch) {
         if stretch.stands_for > 0 {
             let spent = thread_cpu_ns().saturating_sub(stretch.started_ns);
-            self.charge(spent.saturating_mul(stretch.stands_for));
+            let gc_ran = crate::shims::gc_count() != stretch.gc_count;
+            let empty = EMPTY_STRETCH_NS.load(std::sync::atomic::Ordering::Relaxed);
+            let empty = if empty == u64::MAX { 0 } else { empty };
+            self.charge(stretch_charge(spent, empty, stretch.stands_for, gc_ran));
         }
     }
 
@@ -361,4 +413,35 @@ pub fn thread_cpu_ns() -> u64 {
 
 fn process_cpu_ns() -> u64 {
     crate::shims::clock_ns(crate::shims::Clock::ProcessCpu)
+}
+
+/// What the clock adds to each timed stretch, as measured (`None` before any budget was made).
+pub fn empty_stretch_ns() -> Option<u64> {
+    match EMPTY_STRETCH_NS.load(std::sync::atomic::Ordering::Relaxed) {
+        u64::MAX => None,
+        ns => Some(ns),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{stretch_charge, TIME_ONE_IN};
+
+    #[test]
+    fn a_timed_stretch_is_charged_without_the_clocks_own_share() {
+        // 1,000 ns measured, of which 235 are the two clock reads: 765 ours, sixteen times over.
+        assert_eq!(stretch_charge(1_000, 235, TIME_ONE_IN, false), 765 * TIME_ONE_IN);
+        // A stretch shorter than the clock's share costs nothing, never wraps.
+        assert_eq!(stretch_charge(200, 235, TIME_ONE_IN, false), 0);
+    }
+
+    #[test]
+    fn a_gc_inside_a_timed_stretch_is_charged_once() {
+        // A 2 ms minor GC inside a 3 us commit: once, not sixteen times (32 ms of a 250 ms period).
+        let spent = 2_000_000 + 3_000;
+        assert_eq!(stretch_charge(spent, 0, TIME_ONE_IN, true), spent);
+        assert_eq!(stretch_charge(spent, 0, TIME_ONE_IN, false), spent * TIME_ONE_IN);
+        // An always-timed stretch (a young update) is charged once either way.
+        assert_eq!(stretch_charge(spent, 100, 1, true), stretch_charge(spent, 100, 1, false));
+    }
 }

@@ -36,7 +36,7 @@ use std::time::Instant;
 use datadog_heap_core::{HeapRecorder, MAX_FRAMES_LIMIT};
 use rb_sys::VALUE;
 
-pub use budget::{Budget, CostClock};
+pub use budget::{empty_stretch_ns, Budget, CostClock};
 use capture::CapturedStack;
 use credits::{apply_rescales, share_last_gap, Credited, Credits, MIN_RATE_GAP};
 pub use frame_names::frame_name;

@@ -59,18 +59,25 @@ fn int_offsets_holding(base: usize, len: usize, value: i32) -> Vec<usize> {
     (0..len / 4)
         .map(|i| i * 4)
         .filter(|&offset| {
-            // SAFETY: `base .. base + len` lies inside the thread's struct (see `probe`).
+            // SAFETY: `base .. base + len` lies inside a thread's struct: `len` is at most
+            // `thread_struct_len` (see `probe`).
             unsafe { std::ptr::read_volatile((base + offset) as *const i32) == value }
         })
         .collect()
 }
 
-/// How far into a thread's struct to look for its id: inside it (`memsize_of` counts the struct
-/// and the object's slot), at most `SCAN_LIMIT`.
-fn thread_scan_len(thread: VALUE) -> usize {
-    // SAFETY: a live Thread object (the current thread's).
-    let thread = unsafe { <Value as magnus::rb_sys::FromRawValue>::from_raw(thread) };
-    super::memsize_of(thread).saturating_sub(64).min(SCAN_LIMIT)
+/// What `ObjectSpace.memsize_of` says of a thread, less what it counts outside the struct that
+/// the probe can see: the thread's VM stack, counted while the thread has no root fiber (a
+/// thread that never ran a Fiber: 1 MiB by default), and the object's own slot. A thread with
+/// thread variables counts their table too, so this is an upper bound for such a thread and
+/// exact for one that has none.
+fn thread_struct_bound(thread: Value, vm_stack_bytes: usize, slot_bytes: usize) -> usize {
+    let size = super::memsize_of(thread);
+    let size = match vm_stack_bytes {
+        stack if stack > 0 && size > stack => size - stack,
+        _ => size,
+    };
+    size.saturating_sub(slot_bytes)
 }
 
 /// Words of `base` (the first `len` bytes) holding `value`, by offset.
@@ -88,24 +95,32 @@ struct ThreadCheck {
     base: usize,
     candidates: Vec<usize>,
     confirmed: Vec<usize>,
-    tid_candidates: Vec<usize>,
-    tid_confirmed: Vec<usize>,
+    /// What memsize counts of a thread beyond its struct (see `thread_struct_bound`).
+    vm_stack_bytes: usize,
+    slot_bytes: usize,
+    /// How many bytes of a thread's struct the probe reads: the main and the calling thread's
+    /// bound, then no more than the second thread's, which is exact (see `thread_struct_len`).
+    thread_len: usize,
+    /// Offsets in the second thread's struct holding its own kernel id.
+    tid_here: Vec<usize>,
     checked: AtomicBool,
 }
 
 unsafe extern "C" fn in_second_thread(arg: *mut c_void) -> VALUE {
     // SAFETY: `arg` is the ThreadCheck on `probe`'s stack, which joins this thread before it
-    // returns; nothing else touches it meanwhile.
+    // returns; the probe's thread touches nothing in it but `checked` until `checked` is set.
     let check = unsafe { &mut *(arg as *mut ThreadCheck) };
     let me = current_thread_struct();
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let tid = super::signal::current_tid();
         // SAFETY: this thread's object, current and alive.
-        let len = thread_scan_len(unsafe { rb_sys::rb_thread_current() });
-        let here = int_offsets_holding(me, len, tid);
-        check.tid_confirmed = (check.tid_candidates.iter().copied())
-            .filter(|offset| here.contains(offset))
-            .collect();
+        let thread = unsafe {
+            <Value as magnus::rb_sys::FromRawValue>::from_raw(rb_sys::rb_thread_current())
+        };
+        // Started a moment ago, with no thread variable and no fiber: its bound is exact.
+        let own = thread_struct_bound(thread, check.vm_stack_bytes, check.slot_bytes);
+        check.thread_len = check.thread_len.min(own);
+        // A thread started in this process: its struct holds its own kernel id.
+        check.tid_here = int_offsets_holding(me, check.thread_len, super::signal::current_tid());
         check.confirmed = (check.candidates.iter().copied())
             .filter(|&offset| {
                 // SAFETY: a candidate offset lies inside the struct (see `probe`).
@@ -118,6 +133,50 @@ unsafe extern "C" fn in_second_thread(arg: *mut c_void) -> VALUE {
     // SAFETY: a Ruby thread with the GVL; returns when woken (Thread#wakeup) or spuriously.
     unsafe { rb_sys::rb_thread_sleep_forever() };
     rb_sys::Qnil as VALUE
+}
+
+/// What the probe found (see `probe_report`).
+static STRUCT_LEN: AtomicUsize = AtomicUsize::new(0);
+
+/// What memsize counts of a thread beyond its struct, as (VM stack bytes, slot bytes), and a
+/// first bound of a thread's struct from the main and the calling thread (every `rb_thread_t`
+/// has the same size; a thread variable table makes either bound larger, never smaller). The
+/// second thread, which has neither, lowers it to the exact size (`in_second_thread`). At most
+/// `SCAN_LIMIT`.
+fn thread_struct_len(ruby: &Ruby) -> Result<(usize, usize, usize), Error> {
+    let vm: RClass = ruby.class_object().const_get("RubyVM")?;
+    let params: magnus::RHash = vm.const_get("DEFAULT_PARAMS")?;
+    let vm_stack_bytes: usize = params
+        .lookup::<_, Option<usize>>(ruby.to_symbol("thread_vm_stack_size"))?
+        .unwrap_or(0);
+    // The slot an object takes in the heap, which memsize counts for every object.
+    let slot_bytes = super::memsize_of(ruby.class_object().new_instance(())?);
+    let thread_class: RClass = ruby.class_object().const_get("Thread")?;
+    let main: Value = thread_class.funcall("main", ())?;
+    // SAFETY: the calling thread's object, current and alive.
+    let current =
+        unsafe { <Value as magnus::rb_sys::FromRawValue>::from_raw(rb_sys::rb_thread_current()) };
+    let len = [main, current]
+        .into_iter()
+        .map(|thread| thread_struct_bound(thread, vm_stack_bytes, slot_bytes))
+        .min()
+        .unwrap_or(0)
+        .min(SCAN_LIMIT);
+    Ok((vm_stack_bytes, slot_bytes, len))
+}
+
+/// The kernel id the calling thread's struct holds: `Thread#native_thread_id`, which reads it.
+/// Before Ruby 3.3 a child of `fork` keeps the parent's id there (the thread that forked is not
+/// told its new id), so this differs from `gettid()` in such a child.
+fn struct_tid(ruby: &Ruby) -> Result<i32, Error> {
+    let thread_class: RClass = ruby.class_object().const_get("Thread")?;
+    let current: Value = thread_class.funcall("current", ())?;
+    match current.respond_to("native_thread_id", false)? {
+        true => Ok(current
+            .funcall::<_, _, Option<i32>>("native_thread_id", ())?
+            .unwrap_or(0)),
+        false => Ok(super::signal::current_tid()),
+    }
 }
 
 /// Finds the owner word (see the module docs): true when found. Needs the GVL, on the main
@@ -139,36 +198,56 @@ pub fn probe(ruby: &Ruby) -> Result<bool, Error> {
         return Ok(false);
     }
     let main = current_thread_struct();
-    // SAFETY: this thread's object, current and alive.
-    let thread_len = thread_scan_len(unsafe { rb_sys::rb_thread_current() });
+    // The id this thread's struct holds: ours, or in a child of fork before 3.3 the parent's.
+    let own_tid = super::signal::current_tid();
+    let held_tid = struct_tid(ruby)?;
+    let (vm_stack_bytes, slot_bytes, thread_len) = thread_struct_len(ruby)?;
+    // Every field is set before the second thread exists: it reads them while this thread
+    // waits, and this thread reads what it wrote only once `checked` says it is done.
     let mut check = ThreadCheck {
         base,
         candidates: offsets_holding(base, len, main),
         confirmed: Vec::new(),
-        tid_candidates: int_offsets_holding(main, thread_len, super::signal::current_tid()),
-        tid_confirmed: Vec::new(),
+        vm_stack_bytes,
+        slot_bytes,
+        thread_len,
+        tid_here: Vec::new(),
         checked: AtomicBool::new(false),
     };
     if check.candidates.is_empty() {
         return Ok(false);
     }
+    let check_ptr = &mut check as *mut ThreadCheck;
     // SAFETY: rb_thread_create copies the function and argument into a new Ruby thread; `check`
-    // outlives it (joined below, before `check` goes out of scope).
+    // outlives it (joined below, before `check` goes out of scope), and this thread reads it
+    // only through `check_ptr` from here on.
     let thread = magnus::rb_sys::protect(|| unsafe {
-        rb_sys::rb_thread_create(
-            Some(in_second_thread),
-            &mut check as *mut ThreadCheck as *mut c_void,
-        )
+        rb_sys::rb_thread_create(Some(in_second_thread), check_ptr as *mut c_void)
     })?;
     // SAFETY: a thread object the VM just returned, kept on this stack while we use it.
     let thread = unsafe { <Value as magnus::rb_sys::FromRawValue>::from_raw(thread) };
+    // SAFETY: `check_ptr` points at `check`, alive on this stack; `checked` is an atomic.
+    let checked = || unsafe { (*check_ptr).checked.load(Ordering::Acquire) };
     // Lets it run until it has looked; it then sleeps, alive, without the GVL.
     for _ in 0..100_000 {
-        if check.checked.load(Ordering::Acquire) {
+        if checked() {
             break;
         }
         super::thread_schedule()?;
     }
+    if !checked() {
+        let _: Value = thread.funcall("wakeup", ())?;
+        let _: Value = thread.funcall("join", ())?;
+        return Ok(false);
+    }
+    // SAFETY: the second thread is done with `check` (`checked`, with Acquire, orders its writes
+    // before these reads) and only sleeps now.
+    let check = unsafe { &*check_ptr };
+    let thread_len = check.thread_len;
+    let tid_confirmed: Vec<usize> = int_offsets_holding(main, thread_len, held_tid)
+        .into_iter()
+        .filter(|offset| check.tid_here.contains(offset))
+        .collect();
     // Back on this thread, the other one alive: the owner word holds this thread again, where a
     // word that names the newest thread (the tail of the Ractor's thread list) does not.
     let found: Vec<usize> = (check.confirmed.iter().copied())
@@ -176,12 +255,29 @@ pub fn probe(ruby: &Ruby) -> Result<bool, Error> {
         .collect();
     let _: Value = thread.funcall("wakeup", ())?;
     let _: Value = thread.funcall("join", ())?;
-    if let ([offset], [tid_offset]) = (&found[..], &check.tid_confirmed[..]) {
+    STRUCT_LEN.store(thread_len, Ordering::Relaxed);
+    if let ([offset], [tid_offset]) = (&found[..], &tid_confirmed[..]) {
         TID_OFFSET.store(*tid_offset, Ordering::Relaxed);
+        if held_tid != own_tid {
+            // First loaded in a child of fork (no fork hook of ours ran): this thread's struct
+            // names the parent's thread, so its id comes from here, as after a fork we saw.
+            after_fork();
+        }
         OWNER_WORD.store(base + offset, Ordering::Release);
         return Ok(true);
     }
     Ok(false)
+}
+
+/// For the specs: [owner word found, offset of the id in a thread's struct, bytes of a thread's
+/// struct the probe read, whether this process's thread that forked has its id kept here].
+pub fn probe_report() -> (bool, usize, usize, bool) {
+    (
+        gvl_owner_known(),
+        TID_OFFSET.load(Ordering::Relaxed),
+        STRUCT_LEN.load(Ordering::Relaxed),
+        FORKED_THREAD.load(Ordering::Acquire) != 0,
+    )
 }
 
 /// Whether the owner word was found at load.

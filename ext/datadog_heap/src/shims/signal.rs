@@ -17,14 +17,7 @@ pub fn install_rt_handler(handler: Handler) -> Option<c_int> {
     let (low, high) = (libc::SIGRTMIN(), libc::SIGRTMAX());
     // Leave the lowest few to the C library and the programs that take SIGRTMIN + n.
     (low + 4..=high).rev().find(|&sig| {
-        // SAFETY: all-zero bytes are a valid sigaction (plain integers and a sigset).
-        let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
-        // SAFETY: with a null new action sigaction only writes the current one into `current`,
-        // a struct we own.
-        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut current) } != 0 {
-            return false;
-        }
-        if current.sa_sigaction != libc::SIG_DFL {
+        if handler_of(sig) != Some(libc::SIG_DFL) {
             return false;
         }
         // SAFETY: as above.
@@ -37,6 +30,26 @@ pub fn install_rt_handler(handler: Handler) -> Option<c_int> {
         // which is never unloaded, and async-signal-safe (see its caller's contract).
         unsafe { libc::sigaction(sig, &action, std::ptr::null_mut()) == 0 }
     })
+}
+
+/// Whether some real-time signal that `install_rt_handler` would take is still free. Installs
+/// nothing.
+pub fn free_rt_signal_exists() -> bool {
+    (libc::SIGRTMIN() + 4..=libc::SIGRTMAX()).any(|sig| handler_of(sig) == Some(libc::SIG_DFL))
+}
+
+/// The handler installed for `sig` now (`SIG_DFL`, `SIG_IGN` or a function's address), `None`
+/// when sigaction refuses. Async-signal-safe (sigaction is), so the timer thread may ask it
+/// before each signal it sends.
+pub fn handler_of(sig: c_int) -> Option<libc::sighandler_t> {
+    // SAFETY: all-zero bytes are a valid sigaction (plain integers and a sigset).
+    let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: with a null new action sigaction only writes the current one into `current`, a
+    // struct we own.
+    match unsafe { libc::sigaction(sig, std::ptr::null(), &mut current) } {
+        0 => Some(current.sa_sigaction),
+        _ => None,
+    }
 }
 
 /// This thread's kernel id. Async-signal-safe.
