@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 # Datadog's whole profiler (Datadog.configure: allocation + heap profiling on) over a service-like
-# workload, for bin/ddtrace-check's `profiler` step. It runs under one build of
+# workload, against an installed `datadog` gem (docs/c-abi.md). It runs under one build of
 # datadog_profiling_native_extension: as shipped (C heap recorder) or with datadog_heap's C ABI in
 # place of heap_recorder.c; PROFILER=off runs the same workload with no profiler, the baseline;
 # HEAP=off runs the profiler with allocation profiling but no heap profiling (no heap recorder).

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
-# The workload bin/ddtrace-check runs under Datadog's profiling extension (as shipped, or with
-# heap_recorder.c replaced by datadog_heap's C ABI). It allocates like a service (strings, arrays,
+# A workload for Datadog's profiling extension of an installed `datadog` gem (as shipped, or built
+# elsewhere with heap_recorder.c replaced by datadog_heap's C ABI: docs/c-abi.md). It allocates like a service (strings, arrays,
 # hashes, a retained set that churns) and samples one allocation in SAMPLE_EVERY through the
 # extension's own sampling path (StackRecorder::Testing._native_track_object + Collectors::Stack
 # sampling + the pending-recordings flush), serializing the profile every SERIALIZE_EVERY

@@ -7,12 +7,12 @@
 //   recording committed by heap_recorder_commit_pending_recordings, heap_recorder_mark, internal
 //   objects never tracked. Built with -DDDHEAP_DDTRACE_WEAKMAP=1; no rb_obj_id or _id2ref then.
 //
-// bin/ddtrace-check chooses from the header it builds against (the second one declares
+// The build chooses from the header it compiles against (the second one declares
 // heap_recorder_commit_pending_recordings); a static assertion below fails the build when the
 // choice does not match the header.
 //
 // Dropped into the `datadog` gem's ext/datadog_profiling_native_extension in place of its
-// heap_recorder.c (bin/ddtrace-check does this), it keeps the header's names, arguments and
+// heap_recorder.c (by a build outside this repository: see docs/c-abi.md), it keeps the header's names, arguments and
 // semantics and forwards each call to a ddheap_* function (include/datadog_heap_cabi.h). It is the
 // only part that touches Ruby: every VM call the recorder needs is a callback here wrapped in
 // rb_protect, so an exception never unwinds through Rust frames; errors come back as a

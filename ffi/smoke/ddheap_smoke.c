@@ -1,8 +1,10 @@
 // A Ruby extension that drives the heap_recorder.h C ABI (ffi/c/heap_recorder_shim.c over
-// libdatadog_heap_cabi.a) in a live VM, the way stack_recorder.c does, without building all of
-// Datadog's profiler: `ruby ffi/smoke/smoke.rb` after `ffi/smoke/build`. The profiler's string
-// storage is stood in for by the few ddog_prof_ManagedStringStorage_* functions at the bottom
-// (test-only; the real ones come from libdatadog when linked into datadog's extension).
+// libdatadog_heap_cabi.a) in a live VM, the way stack_recorder.c does, without all of Datadog's
+// profiler: `ruby ffi/smoke/smoke.rb` once it is built. It compiles against Datadog's headers and
+// with its ruby_helpers.c, time_helpers.c and datadog_ruby_common.c, so no recipe in this
+// repository builds it (see docs/c-abi.md). The profiler's string storage is stood in for by the few
+// ddog_prof_ManagedStringStorage_* functions at the bottom (test-only; the real ones come from
+// libdatadog when linked into datadog's extension).
 #include <ruby.h>
 #include <string.h>
 #include "heap_recorder.h"

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
-# Drives heap_recorder.h's C ABI in a live Ruby VM (see ddheap_smoke.c); `bin/ddtrace-check smoke`
-# builds and runs it. Exits non-zero on the first failed check.
+# Drives heap_recorder.h's C ABI in a live Ruby VM (see ddheap_smoke.c, which says how it is
+# built). Exits non-zero on the first failed check.
 require "objspace"
 require "ddheap_smoke"
 
