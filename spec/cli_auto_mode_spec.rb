@@ -14,8 +14,8 @@ require "datadog_heap/auto_mode"
 # starts), or a shell that exports it. The command itself is not profiled, so it never waits at
 # exit for a profile to be written or uploaded.
 RSpec.describe "datadog-heap under RUBYOPT=-rdatadog_heap/auto" do
-  LIB = File.expand_path("../lib", __dir__)
-  EXE = File.expand_path("../exe/datadog-heap", __dir__)
+  let(:lib) { File.expand_path("../lib", __dir__) }
+  let(:exe) { File.expand_path("../exe/datadog-heap", __dir__) }
 
   let(:dir) { Dir.mktmpdir("datadog-heap-cli-auto") }
   let(:keep) { [] }
@@ -34,7 +34,7 @@ RSpec.describe "datadog-heap under RUBYOPT=-rdatadog_heap/auto" do
   end
 
   def auto_env(extra = {})
-    {"RUBYOPT" => "-I#{LIB} -rdatadog_heap/auto", "DATADOG_HEAP_MAX_PROFILE_BYTES" => nil}.merge(extra)
+    {"RUBYOPT" => "-I#{lib} -rdatadog_heap/auto", "DATADOG_HEAP_MAX_PROFILE_BYTES" => nil}.merge(extra)
   end
 
   # Runs the command; [stdout, stderr, status, seconds]. Killed (and the example failed) past
@@ -42,7 +42,7 @@ RSpec.describe "datadog-heap under RUBYOPT=-rdatadog_heap/auto" do
   def run_cli(env, *args, limit:)
     started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
     out = err = status = nil
-    Open3.popen3(env, RbConfig.ruby, EXE, *args) do |stdin, stdout, stderr, wait|
+    Open3.popen3(env, RbConfig.ruby, exe, *args) do |stdin, stdout, stderr, wait|
       stdin.close
       readers = [Thread.new { stdout.read }, Thread.new { stderr.read }]
       unless wait.join(limit)
