@@ -428,3 +428,42 @@ fn a_finalize_that_another_thread_interrupts_leaves_no_weak_map_entry_behind() {
         );
     }
 }
+
+thread_local! {
+    /// The recorder `obj_id_then_fork` forks, and what the child's finalize left pending.
+    static FORKING: Cell<*const HeapRecorder<Counting>> = const { Cell::new(std::ptr::null()) };
+    static CHILD_PENDING: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// Acts out a fork by another thread while this finalize call takes an id: what runs after
+/// `after_fork` here is the child, where the thread that claimed the recording does not exist.
+extern "C" fn obj_id_then_fork(ctx: *mut c_void, obj: usize, out: *mut i64) -> i32 {
+    let recorder = FORKING.with(|r| r.replace(std::ptr::null()));
+    if !recorder.is_null() {
+        // SAFETY: the test points FORKING at a recorder that outlives the finalize call, on this
+        // thread; it is taken out first, so this runs once.
+        let child = unsafe { &*recorder };
+        child.after_fork();
+        child.finalize_pending_recordings().unwrap();
+        let pending = child.state_snapshot().pending_recordings_count;
+        CHILD_PENDING.with(|c| c.set(Some(pending)));
+    }
+    obj_id(ctx, obj, out)
+}
+
+#[test]
+fn a_fork_releases_the_claims_of_finalize_calls_the_child_does_not_have() {
+    let r = HeapRecorder::new(
+        DdheapHost {
+            obj_id: obj_id_then_fork,
+            ..host()
+        },
+        Counting::default(),
+    );
+    record(&r, 80, &[loc("x", "x.rb", 1)]);
+    FORKING.with(|p| p.set(&r));
+    r.finalize_pending_recordings().unwrap();
+    // The child's first finalize commits the recording the parent's thread had claimed.
+    assert_eq!(CHILD_PENDING.with(Cell::get), Some(0));
+    assert!(r.is_object_recorded(80));
+}

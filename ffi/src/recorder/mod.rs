@@ -210,7 +210,12 @@ impl<S: StringTable> HeapRecorder<S> {
         if self.iterating.load(Ordering::Acquire) {
             self.finish_iteration_unchecked();
         }
-        self.with(|s| s.lifetime = Lifetime::default());
+        self.with(|s| {
+            s.lifetime = Lifetime::default();
+            // A claim belongs to a finalize call of a thread the fork did not copy: release it,
+            // or the recording would wait in the child's queue for good.
+            s.pending.iter_mut().for_each(|p| p.claimed = false);
+        });
     }
 
     /// From the allocation sampler: never calls the VM, never raises; mallocs only to intern the
