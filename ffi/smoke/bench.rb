@@ -1,7 +1,8 @@
 # frozen_string_literal: true
 
 # Side by side: the same driver (ddheap_smoke.c) over Datadog's heap_recorder.c or over our
-# library, the same string-storage stand-in (each built as ddheap_smoke.c says). Tracks N objects on 3 stacks (one kept in 10), flushes
+# library, the same string-storage stand-in (ours as ffi/smoke/build.rb builds it; the C one only
+# by a build outside this repository, which has Datadog's sources). Tracks N objects on 3 stacks (one kept in 10), flushes
 # the pending queue every 64 recordings as the postponed job would, then prepares/iterates/finishes
 # 3 times with GCs in between. Prints microseconds per tracked object and per iterated object.
 require "ddheap_smoke"

@@ -1,10 +1,10 @@
 // A Ruby extension that drives the heap_recorder.h C ABI (ffi/c/heap_recorder_shim.c over
 // libdatadog_heap_cabi.a) in a live VM, the way stack_recorder.c does, without all of Datadog's
-// profiler: `ruby ffi/smoke/smoke.rb` once it is built. It compiles against Datadog's headers and
-// with its ruby_helpers.c, time_helpers.c and datadog_ruby_common.c, so no recipe in this
-// repository builds it (see docs/c-abi.md). The profiler's string storage is stood in for by the few
-// ddog_prof_ManagedStringStorage_* functions at the bottom (test-only; the real ones come from
-// libdatadog when linked into datadog's extension).
+// profiler. `ruby ffi/smoke/build.rb OUT` builds it from this repository alone (against the
+// stand-ins in standins/ for the parts of Datadog's headers it and the shim use), and
+// spec/cabi_smoke_spec.rb runs smoke.rb over it. The profiler's string storage is stood in for by
+// the few ddog_prof_ManagedStringStorage_* functions at the bottom (test-only; the real ones come
+// from libdatadog when linked into datadog's extension).
 #include <ruby.h>
 #include <string.h>
 #include "heap_recorder.h"

@@ -1,7 +1,8 @@
 # frozen_string_literal: true
 
-# Drives heap_recorder.h's C ABI in a live Ruby VM (see ddheap_smoke.c, which says how it is
-# built). Exits non-zero on the first failed check.
+# Drives heap_recorder.h's C ABI in a live Ruby VM (see ddheap_smoke.c): `ruby ffi/smoke/build.rb
+# OUT`, then `ruby -I OUT/object_id ffi/smoke/smoke.rb` (or OUT/record_id). Exits non-zero on the
+# first failed check.
 require "objspace"
 require "ddheap_smoke"
 
