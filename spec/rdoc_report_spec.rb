@@ -6,7 +6,7 @@ require "tmpdir"
 
 # A library-heavy program profiled as a new user would: `datadog-heap run -- rdoc ...`, where all
 # the work happens under Ruby's own lib directory, none in "app" code. The report must still name
-# the sites inside rdoc (issue 12). rdoc documents this gem's lib/: a few seconds.
+# the sites inside rdoc. rdoc documents this gem's lib/: a few seconds.
 RSpec.describe "datadog-heap on rdoc (a program whose work is all in the standard library)" do
   exe = File.expand_path("../exe/datadog-heap", __dir__)
   input = File.expand_path("../lib", __dir__)
@@ -82,5 +82,53 @@ RSpec.describe "datadog-heap on rdoc (a program whose work is all in the standar
       # Cut with … when the row is wider than 160 columns.
       expect(text.include?("…") ? relative.start_with?(text.split("…").first) : text == relative).to be(true), "#{text} / #{full}"
     end
+  end
+end
+
+# The API reference's coverage check (.ci/api_docs.rb, `rake doc:coverage` in CI), on a copy of
+# lib/ with documentation taken out: each gap is reported by name.
+RSpec.describe "the API reference check (.ci/api_docs.rb)" do
+  root = File.expand_path("..", __dir__)
+  script = File.join(root, ".ci", "api_docs.rb")
+
+  let(:dir) { Dir.mktmpdir("datadog-heap-api-docs") }
+
+  after { FileUtils.remove_entry(dir) }
+
+  # Runs the check on `lib` (with the extension loaded unless `static`).
+  define_method(:check) do |lib, static: false|
+    out, err, status = Open3.capture3(RbConfig.ruby, script, "--lib", lib, *(static ? ["--static"] : []))
+    [out, err, status.exitstatus]
+  end
+
+  # Replaces `pattern` in `file` (under `lib`), which must match.
+  def edit(lib, file, pattern, replacement = "")
+    path = File.join(lib, file)
+    text = File.read(path)
+    expect(text).to match(pattern)
+    File.write(path, text.sub(pattern, replacement))
+  end
+
+  it "names an undocumented method, native method, Railtie setting, row member and the Testing module's mark" do
+    lib = File.join(dir, "lib")
+    FileUtils.cp_r(File.join(root, "lib"), lib)
+    edit(lib, "datadog_heap/profile.rb", /^ *# The `n` sites holding.*?(?=^ *def top)/m)
+    edit(lib, "datadog_heap/recorder.rb", /^ *##\n *# :method: stats\n(?: *#.*\n)*/)
+    edit(lib, "datadog_heap/railtie.rb", /^ *#   config\.datadog_heap\.interval = .*\n/)
+    edit(lib, "datadog_heap.rb", "For this gem's own specs and benchmarks only, not part of its API", "Switches")
+    edit(lib, "datadog_heap/profile.rb", "`median_gen_age` is", "its age is")
+
+    _, err, code = check(lib, static: true)
+    expect(code).to eq(1)
+    expect(err).to include("DatadogHeap::Profile#top: no comment",
+      "DatadogHeap::Railtie: setting config.datadog_heap.interval is not in the class comment",
+      "DatadogHeap::Testing: the comment must say it is for tests only",
+      "DatadogHeap::Profile::Site: the comment does not describe median_gen_age")
+    # RDoc alone cannot see a method the extension defines: the loaded gem can.
+    expect(err).not_to include("Recorder#stats")
+    _, err, code = check(lib)
+    expect(code).to eq(1)
+    expect(err).to include("DatadogHeap::Recorder#stats: defined by the extension, no RDoc comment",
+      "DatadogHeap::Profile#top: defined at ")
   end
 end

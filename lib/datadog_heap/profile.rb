@@ -21,9 +21,11 @@ module DatadogHeap
   # :class instead. Locations are arrays of [name, path, line], innermost frame first, as in
   # LiveObject#locations.
   class Profile
-    # One pprof sample. `values` follow `sample_types`; `objects` and `bytes` pick the live-object
-    # count and the live bytes out of them (`bytes` is nil when the profile has no sizes).
-    # `retained_by` is the sample's `retained by` label (see Recorder#retainers), or nil.
+    # One pprof sample. `locations` is its stack ([name, path, line] frames, innermost first),
+    # `class_name` its `allocation class` label and `gen_age` its `gc gen age` label (each nil
+    # when the profile has none). `values` follow `sample_types`; `objects` and `bytes` pick the
+    # live-object count and the live bytes out of them (`bytes` is nil when the profile has no
+    # sizes). `retained_by` is the sample's `retained by` label (see Recorder#retainers), or nil.
     Sample = Struct.new(:locations, :values, :class_name, :gen_age, :objects, :bytes, :retained_by)
 
     # An allocation site (or group of them, with `group:`). `label` is what it stands for, as the CLI
@@ -49,7 +51,9 @@ module DatadogHeap
       end
     end
 
-    # A site (or group) in two profiles, with the fields of Site that describe it. `*_change` is
+    # A site (or group) in two profiles, with the fields of Site that describe it. `old_bytes`
+    # and `new_bytes`, `old_objects` and `new_objects` are its live bytes and objects in the old
+    # profile (the receiver of Profile#diff) and the new one (its argument). `*_change` is
     # new - old; `*_relative` is change / old, nil when old is 0 (a new site, or a profile without
     # sizes). `old_samples` and `new_samples` are Site#samples on each side; `*_change_stddev` one
     # standard deviation of each change's sampling error (both sides' variances summed);
@@ -284,6 +288,7 @@ module DatadogHeap
       info[:time_nanos] || 0
     end
 
+    # How long the profile covers, in nanoseconds (pprof duration_nanos; 0 if unknown).
     def duration_nanos
       info[:duration_nanos] || 0
     end
@@ -367,6 +372,7 @@ module DatadogHeap
       _native_diff(other, by, group, roots).map { |row| SiteDiff.new(*row) }
     end
 
+    # Its source (path, string or sum), sample count and sample types in one line.
     def inspect
       source = if count > 1
         "(sum of #{count})"

@@ -177,14 +177,17 @@ module DatadogHeap
     # rss_limit:, rss_step:, rss_output: (see the Recorder options): readers, and the watch that
     # runs while the recorder does.
     module RssLimit
+      # The RSS in bytes at which the first profile is written, or nil (off).
       def rss_limit
         @rss_options&.fetch(:rss_limit)
       end
 
+      # Bytes of RSS between two profiles past rss_limit, or nil without rss_limit.
       def rss_step
         @rss_options&.fetch(:rss_step)
       end
 
+      # The directory the RSS profiles go to (an absolute path), or nil without rss_limit.
       def rss_output
         @rss_options&.fetch(:rss_output)
       end
@@ -195,6 +198,7 @@ module DatadogHeap
         (@rss_profiles ||= []).dup.freeze
       end
 
+      # Recorder#start, and the RSS watch with it.
       def start
         result = super
         @rss_watch&.start
@@ -202,6 +206,7 @@ module DatadogHeap
         result
       end
 
+      # Recorder#stop, and the RSS watch with it.
       def stop
         if @rss_watch
           RssWatch.unregister(@rss_watch)
