@@ -17,12 +17,14 @@ RSpec.describe "sig/datadog_heap.rbs" do
     decls = RBS::Parser.parse_signature(File.read(File.expand_path("../sig/datadog_heap.rbs", __dir__)))
     decls = decls.last if decls.is_a?(Array) && decls.size == 3 && decls.last.is_a?(Array) # rbs >= 3: [buffer, directives, decls]
     @methods = {}
+    @types = {}
     walk = lambda do |decl, prefix|
       name = "#{prefix}#{decl.name.to_s.delete_prefix("::")}"
       decl.members.each do |m|
         case m
         when RBS::AST::Members::MethodDefinition
           (@methods[[name, m.kind == :singleton ? :singleton : :instance]] ||= []) << m.name
+          @types[[name, m.kind == :singleton ? :singleton : :instance, m.name]] = m.types
         when RBS::AST::Members::AttrReader, RBS::AST::Members::AttrAccessor
           (@methods[[name, :instance]] ||= []) << m.name
         when RBS::AST::Declarations::Class, RBS::AST::Declarations::Module
@@ -42,7 +44,18 @@ RSpec.describe "sig/datadog_heap.rbs" do
     methods.reject { |m| m.to_s.start_with?("_native_") }
   end
 
+  # DatadogHeap's own helpers (for the extension, the Railtie, auto mode) are public module
+  # methods too: there, each signature must name a method, and the methods of the README must be
+  # signed, but not every public method.
+  it "signs DatadogHeap's module methods that exist, the README's among them" do
+    public = own_public(DatadogHeap, :singleton)
+    signed = @methods.fetch(["DatadogHeap", :singleton])
+    expect(signed - public).to eq([])
+    expect(signed).to include(:start, :stop, :recorder, :write_profile, :own_work)
+  end
+
   {
+    "DatadogHeap::Compat" => [:singleton],
     "DatadogHeap::Recorder" => [:instance, :singleton],
     "DatadogHeap::LiveObject" => [:instance],
     "DatadogHeap::Profile" => [:instance, :singleton],
@@ -60,5 +73,29 @@ RSpec.describe "sig/datadog_heap.rbs" do
         expect(signed.sort).to eq(expected.sort.uniq)
       end
     end
+  end
+
+  # The keywords each signature lists are the keywords the Ruby method takes (methods written in
+  # Ruby with named keywords; a `**options` method checks its keys itself, and its spec says which).
+  it "lists, for each method written in Ruby, the keywords the method takes" do
+    checked = 0
+    mismatches = @types.filter_map do |(name, kind, method), types|
+      # Modules not loaded here (Auto, loaded by datadog_heap/auto) are left out.
+      owner = name.split("::").reduce(Object) { |m, c| m.const_defined?(c, false) ? m.const_get(c, false) : (break nil) }
+      next unless owner.is_a?(Module)
+
+      target = kind == :singleton ? owner.singleton_class : owner
+      next unless target.method_defined?(method) || target.private_method_defined?(method)
+
+      params = target.instance_method(method).parameters
+      next if target.instance_method(method).source_location.nil? || params.any? { |type, _| type == :keyrest }
+
+      checked += 1
+      takes = params.select { |type, _| %i[key keyreq].include?(type) }.map(&:last).sort
+      signed = types.flat_map { |t| t.type.required_keywords.keys + t.type.optional_keywords.keys }.uniq.sort
+      "#{name}#{kind == :singleton ? "." : "#"}#{method}: takes #{takes.inspect}, signed #{signed.inspect}" unless takes == signed
+    end
+    expect(mismatches).to eq([])
+    expect(checked).to be >= 20
   end
 end
