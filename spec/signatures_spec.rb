@@ -1,6 +1,9 @@
 # frozen_string_literal: true
 
 require_relative "spec_helper"
+require "open3"
+require "rbconfig"
+require "tmpdir"
 require "datadog_heap/middleware"
 require "datadog_heap/upload"
 
@@ -97,5 +100,32 @@ RSpec.describe "sig/datadog_heap.rbs" do
     end
     expect(mismatches).to eq([])
     expect(checked).to be >= 20
+  end
+
+  # `rake spec:rbs` runs specs under RBS's runtime checks (.ci/rbs_runtime.rb): a signature that
+  # does not match what a method returns must fail the run, and the true one must not.
+  it "fails a call whose return value does not match its signature under the runtime check" do
+    sig = File.read(File.expand_path("../sig/datadog_heap.rbs", __dir__))
+    program = <<~RUBY
+      require "datadog_heap"
+      profile = DatadogHeap::Profile.parse(DatadogHeap::Recorder.new.profile)
+      profile.top(3, app_root: Pathname("/app"))
+      puts profile.total_objects
+    RUBY
+    Dir.mktmpdir("rbs-runtime") do |dir|
+      run = lambda do |text|
+        File.write(File.join(dir, "datadog_heap.rbs"), text)
+        Open3.capture3({"RBS_TEST_OPT" => "-I #{dir}", "GC_STRESS" => nil}, RbConfig.ruby, "-I", File.expand_path("../lib", __dir__),
+          "-r", File.expand_path("../.ci/rbs_runtime.rb", __dir__), "-rpathname", "-e", program)
+      end
+      out, err, status = run.call(sig)
+      expect([out, status.exitstatus]).to eq(["0\n", 0]), err
+      expect(err).to match(/RBS runtime check: [1-9]\d* calls of [1-9]\d* signed methods checked/)
+      wrong = sig.sub("def total_objects: () -> Integer", "def total_objects: () -> String")
+      expect(wrong).not_to eq(sig)
+      _, err, status = run.call(wrong)
+      expect(status.exitstatus).not_to eq(0)
+      expect(err).to include("[DatadogHeap::Profile#total_objects] ReturnTypeError: expected `::String` but returns `0`")
+    end
   end
 end
