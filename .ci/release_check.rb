@@ -61,7 +61,7 @@ module ReleaseCheck
       problems += files.grep(/\.(so|bundle|dll)\z/).map { |f| "#{f}: a prebuilt extension in the source gem" }
     when :platform
       problems << "lib/datadog_heap/<ruby>/datadog_heap.so: none (a platform gem carries one per Ruby)" if so.empty?
-      problems += files.grep(%r{\A(src|ext)/|\ACargo\.(toml|lock)\z}).map { |f| "#{f}: a source file in a platform gem" }
+      problems += files.grep(%r{\A(src|ext|ffi)/|\ACargo\.(toml|lock)\z}).map { |f| "#{f}: a source file in a platform gem" }
       problems += (files.grep(/\.(so|bundle|dll)\z/) - so).map { |f| "#{f}: an extension outside lib/datadog_heap/<ruby>/" }
     end
     problems
