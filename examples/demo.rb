@@ -108,9 +108,8 @@ module Demo
     truth_bytes = 0
     LeakyApp::CACHE.each_value { |s| truth_bytes += ObjectSpace.memsize_of(s) }
     stats = hunt.stats
-    cli = DatadogHeap::CLI.new
     puts format("served %d requests in %.2fs; the leak: %d Strings (%s) in LeakyApp::CACHE, never evicted",
-      requests, elapsed, truth_objects, cli.send(:human_bytes, truth_bytes))
+      requests, elapsed, truth_objects, DatadogHeap::CLI::Bytes.human_bytes(truth_bytes))
     puts "the hunt (preset :leak_hunt): #{stats[:sampler_allocations_seen]} allocations seen, " \
       "#{stats[:sampler_samples_taken]} sampled (1 in #{hunt.sample_every})"
     puts "wrote #{shown(hunt_path)} (the hunt) and #{shown(defaults_path)} (the defaults)"
@@ -119,7 +118,7 @@ module Demo
       puts
       puts "$ datadog-heap #{args.join(" ")}"
       $stdout.flush
-      cli.run(args)
+      DatadogHeap::CLI.new.run(args)
     end
     puts
     puts defaults_line(defaults, DatadogHeap::Profile.load(defaults_path), truth_objects)
