@@ -102,6 +102,26 @@ RSpec.describe "sig/datadog_heap.rbs" do
     expect(checked).to be >= 20
   end
 
+  # Methods that take `**options` check the keys against a constant: the signature must list
+  # exactly those keywords.
+  it "lists, for each method taking **options, the keywords the method accepts" do
+    accepted = {
+      ["DatadogHeap", :singleton, :start] => DatadogHeap::Recorder::DEFAULTS.keys - DatadogHeap::Recorder::RSS_OPTIONS,
+      ["DatadogHeap::Recorder", :singleton, :new] => DatadogHeap::Recorder::DEFAULTS.keys,
+      ["DatadogHeap::Recorder", :instance, :record_allocation] => DatadogHeap::Recorder::RECORD_ALLOCATION_KEYWORDS.keys,
+      ["DatadogHeap::Recorder", :instance, :retainers] => DatadogHeap::Recorder::RETAINERS_DEFAULTS.keys,
+      ["DatadogHeap::Profile", :singleton, :trend] => DatadogHeap::Profile::TREND_KEYWORDS.keys,
+      ["DatadogHeap::Profile", :instance, :top] => DatadogHeap::Profile::TOP_KEYWORDS.keys,
+      ["DatadogHeap::Profile", :instance, :top_retained] => DatadogHeap::Profile::TOP_KEYWORDS.keys,
+      ["DatadogHeap::Profile", :instance, :diff] => DatadogHeap::Profile::DIFF_KEYWORDS.keys,
+    }
+    accepted.each do |(name, kind, method), keys|
+      types = @types.fetch([name, kind, method])
+      signed = types.flat_map { |t| t.type.required_keywords.keys + t.type.optional_keywords.keys }.uniq
+      expect([name, method, signed.sort]).to eq([name, method, keys.sort])
+    end
+  end
+
   # `rake spec:rbs` runs specs under RBS's runtime checks (.ci/rbs_runtime.rb): a signature that
   # does not match what a method returns must fail the run, and the true one must not.
   it "fails a call whose return value does not match its signature under the runtime check" do
