@@ -104,6 +104,8 @@ struct ThreadCheck {
     /// Offsets in the second thread's struct holding its own kernel id.
     tid_here: Vec<usize>,
     checked: AtomicBool,
+    /// Set by the probe once it has looked again from its own thread: the second thread may end.
+    release: AtomicBool,
 }
 
 unsafe extern "C" fn in_second_thread(arg: *mut c_void) -> VALUE {
@@ -129,9 +131,23 @@ unsafe extern "C" fn in_second_thread(arg: *mut c_void) -> VALUE {
             .collect();
     }));
     check.checked.store(true, Ordering::Release);
-    // Stays alive, asleep without the GVL, while the probe looks again from the main thread.
-    // SAFETY: a Ruby thread with the GVL; returns when woken (Thread#wakeup) or spuriously.
-    unsafe { rb_sys::rb_thread_sleep_forever() };
+    // SAFETY: as above; from here on the probe's thread writes `release` (an atomic) and nothing
+    // else, so this thread only reads through a shared reference.
+    let check = unsafe { &*(arg as *const ThreadCheck) };
+    // Stays alive, asleep without the GVL a millisecond at a time, while the probe looks again
+    // from its own thread, until it says so. A flag, not Thread#wakeup: a wake-up sent before
+    // this thread fell asleep would be lost, and the probe's join would wait forever.
+    while !check.release.load(Ordering::Acquire) {
+        let slept = magnus::rb_sys::protect(|| {
+            // SAFETY: a Ruby thread with the GVL, inside rb_protect, which catches the jump an
+            // interrupt (an exception raised into this thread) would make.
+            unsafe { rb_sys::rb_thread_wait_for(rb_sys::timeval { tv_sec: 0, tv_usec: 1000 }) };
+            rb_sys::Qnil as VALUE
+        });
+        if slept.is_err() {
+            break;
+        }
+    }
     rb_sys::Qnil as VALUE
 }
 
@@ -213,6 +229,7 @@ pub fn probe(ruby: &Ruby) -> Result<bool, Error> {
         thread_len,
         tid_here: Vec::new(),
         checked: AtomicBool::new(false),
+        release: AtomicBool::new(false),
     };
     if check.candidates.is_empty() {
         return Ok(false);
@@ -228,6 +245,8 @@ pub fn probe(ruby: &Ruby) -> Result<bool, Error> {
     let thread = unsafe { <Value as magnus::rb_sys::FromRawValue>::from_raw(thread) };
     // SAFETY: `check_ptr` points at `check`, alive on this stack; `checked` is an atomic.
     let checked = || unsafe { (*check_ptr).checked.load(Ordering::Acquire) };
+    // SAFETY: as above; `release` is an atomic.
+    let release = || unsafe { (*check_ptr).release.store(true, Ordering::Release) };
     // Lets it run until it has looked; it then sleeps, alive, without the GVL.
     for _ in 0..100_000 {
         if checked() {
@@ -236,7 +255,7 @@ pub fn probe(ruby: &Ruby) -> Result<bool, Error> {
         super::thread_schedule()?;
     }
     if !checked() {
-        let _: Value = thread.funcall("wakeup", ())?;
+        release();
         let _: Value = thread.funcall("join", ())?;
         return Ok(false);
     }
@@ -253,7 +272,7 @@ pub fn probe(ruby: &Ruby) -> Result<bool, Error> {
     let found: Vec<usize> = (check.confirmed.iter().copied())
         .filter(|&offset| offsets_holding(base + offset, 8, main) == [0])
         .collect();
-    let _: Value = thread.funcall("wakeup", ())?;
+    release();
     let _: Value = thread.funcall("join", ())?;
     STRUCT_LEN.store(thread_len, Ordering::Relaxed);
     if let ([offset], [tid_offset]) = (&found[..], &tid_confirmed[..]) {
