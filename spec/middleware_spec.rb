@@ -242,6 +242,24 @@ RSpec.describe DatadogHeap::Middleware do
       expect(request(middleware, query: "report=1&gc=false")[2]).to include("no full GC ran just before this profile")
     end
 
+    it "writes retainer paths with hash keys by class and size for retainers=1, and as they are only for retainers=values" do
+      stub_const("MiddlewareSpecMemo", {})
+      recorder.start
+      40.times { |i| MiddlewareSpecMemo["secret-token-#{i}"] = "cached value #{i}" * 3 }
+      recorder.stop
+      GC.start
+      paths = lambda do |query|
+        status, _, body = request(middleware, query: query)
+        expect(status).to eq(200), body
+        DatadogHeap::Profile.parse(body).samples.filter_map(&:retained_by)
+      end
+      redacted = paths.call("retainers=1")
+      expect(redacted.grep(/MiddlewareSpecMemo/)).not_to be_empty
+      expect(redacted.grep(/secret-token/)).to be_empty
+      expect(paths.call("retainers=values").grep(/MiddlewareSpecMemo.*secret-token-\d+/)).not_to be_empty
+      expect(refused("retainers=value")).to include("retainers must be 1 or true, 0 or false, got \"value\" (or values")
+    end
+
     it "refuses report options without a report: the pprof is the whole heap" do
       {"top=5" => "top=", "by=count" => "by=", "group=gem" => "group=", "wide=1" => "wide=", "report=0&top=3" => "top="}.each do |query, name|
         expect(refused(query)).to include("#{name} shapes the report: it needs report=1 or html=1"), query

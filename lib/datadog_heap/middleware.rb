@@ -35,8 +35,9 @@ module DatadogHeap
   # `group=site|location|file|gem|class` (as `datadog-heap report --by/--group`), `wide=1` (full
   # paths, rows uncut), `gc=1` (a full GC first, so garbage not yet collected is not listed; the
   # default is the recorder's preset's, see Recorder#gc_before_profile?; the profile's notes say
-  # whether one ran), `retainers=1` (retainer paths; default: the preset's). Every flag takes
-  # 1 or true, 0 or false. The query is strict: an unknown parameter, one given twice, a bad
+  # whether one ran), `retainers=1` (retainer paths, hash keys shown by class and size; default:
+  # the preset's), `retainers=values` (paths with keys as they are: they may hold the program's
+  # data, docs/http-endpoint.md). Every flag takes 1 or true, 0 or false. The query is strict: an unknown parameter, one given twice, a bad
   # value, or a report option (top, by, group, wide, workers) without report=1 or html=1 gets a
   # 400 naming it and what is accepted. The endpoint's own allocations are never sampled.
   #
@@ -246,7 +247,8 @@ module DatadogHeap
       end
       query = {report: flag(params, "report", false), html: flag(params, "html", false), top: top(params["top"]),
                by: choice(params, "by", BY, "size"), group: choice(params, "group", Profile::GROUPS.map(&:to_s), "site"),
-               wide: flag(params, "wide", false), gc: flag(params, "gc", nil), retainers: flag(params, "retainers", nil),
+               wide: flag(params, "wide", false), gc: flag(params, "gc", nil),
+               retainers: (params["retainers"] == "values") ? {values: true} : flag(params, "retainers", nil),
                workers: flag(params, "workers", false)}
       raise BadRequest, "report=1 and html=1 ask for two formats: pick one" if query[:report] && query[:html]
       unless query[:report] || query[:html]
@@ -264,7 +266,8 @@ module DatadogHeap
       return default if value.nil?
       return FLAG_VALUES[value] if FLAG_VALUES.key?(value)
 
-      raise BadRequest, "#{name} must be 1 or true, 0 or false, got #{Validate.show(value)}"
+      also = (name == "retainers") ? " (or values, for hash keys as they are)" : ""
+      raise BadRequest, "#{name} must be 1 or true, 0 or false, got #{Validate.show(value)}#{also}"
     end
 
     def top(value)
