@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# Allocation overhead of the built-in sampler (DESIGN.md §5, issue 7, item 1).
+# Allocation overhead of the built-in sampler (docs/performance.md).
 #
 # Each case is a loop of allocations, run with no recorder (base), with an empty NEWOBJ hook (the
 # floor any allocation hook costs on this VM), with a recorder at the default settings

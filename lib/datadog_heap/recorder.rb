@@ -50,9 +50,9 @@ module DatadogHeap
     SAMPLERS = %i[countdown windowed].freeze
     # sample_every's default depends on the sampler (bench/mixed.rb and bench/allocation.rb: the
     # windowed sampler pays per sample what the countdown one pays on every allocation).
-    # The windowed sampler at 1024 gave four times the live samples (rubocop, jekyll) but cost
-    # more than the defaults may (2026-12-04, docs/performance.md: BasicObject.new 0.92x, mixed
-    # +3.2%, the Rails service +3.1% against an A/A of -0.1%), so it stays at 4096.
+    # The windowed sampler at 1024 gave more live samples but cost more than the defaults may, so
+    # it stays at 4096 (the runs: docs/performance.md, "A denser default, tried three times, not
+    # taken").
     SAMPLE_EVERY = {countdown: 1024, windowed: 4096}.freeze
     # The smallest sample_every for which sampler: defaults to :windowed (see the options above).
     WINDOWED_FROM = 1024

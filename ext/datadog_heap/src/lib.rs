@@ -1,4 +1,4 @@
-//! Ruby binding for datadog_heap: the only crate that touches the VM (DESIGN.md §3).
+//! Ruby binding for datadog_heap: the only crate that touches the VM (docs/architecture.md).
 //!
 //! Layers, each using only those above it:
 //!
