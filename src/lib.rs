@@ -7,16 +7,18 @@
 
 pub mod error;
 pub mod exporter;
-pub mod frame_cache;
 pub mod lock;
 pub mod pprof;
 pub mod recorder;
 pub mod retainers;
-pub mod stack;
-pub mod stack_cache;
+pub mod stacks;
 pub mod stats;
 pub mod strings;
 pub mod vm;
+
+/// The old path of the frame and stack types, which src/pprof/encode.rs still imports from; new
+/// code imports from [`stacks`].
+pub use stacks::frame as stack;
 
 #[cfg(test)]
 pub(crate) mod fake_vm;
@@ -31,7 +33,6 @@ pub fn xorshift64(mut x: u64) -> u64 {
 }
 
 pub use error::{HeapError, Result, FIXNUM_MAX, MAX_FRAMES_LIMIT};
-pub use frame_cache::FrameKey;
 pub use pprof::{
     diff_sites, diff_sites_with, encode_profile, library_of, merge_profiles, read_profile,
     short_path, top_sites, top_sites_with, AppRoot, EncodeOptions, EncodedPprof, GroupBy,
@@ -46,7 +47,8 @@ pub use retainers::{
     find_root_paths, pick_targets, retained_by_sites, HeapGraph, RetainedRow, RootPath,
     SearchLimits, SearchOutcome, Stop, TargetObject, TargetSite,
 };
-pub use stack::{truncation, Frame, RawFrame, Stack};
-pub use stack_cache::{FrameSource, RawStackKey, STACK_CACHE_SLOTS};
+pub use stacks::{
+    truncation, Frame, FrameKey, FrameSource, RawFrame, RawStackKey, Stack, STACK_CACHE_SLOTS,
+};
 pub use stats::{StatValue, Stats};
 pub use vm::{LiveInfo, ObjectRef, Probe, Vm, WalkVisitor};

@@ -16,8 +16,7 @@ use rustc_hash::FxHasher;
 
 use super::HeapRecorder;
 use crate::error::{HeapError, Result};
-use crate::frame_cache::FrameCache;
-use crate::stack_cache::StackCache;
+use crate::stacks::{FrameCache, StackCache};
 use crate::strings::{Batch, StringId};
 
 /// Most class names the class cache keeps; a full cache starts again empty.
@@ -25,10 +24,10 @@ pub const CLASS_CACHE_MAX: usize = 4096;
 
 #[derive(Default)]
 pub(crate) struct Caches {
-    /// Raw stack key -> a stack in the heap records; holds no reference (see stack_cache.rs).
+    /// Raw stack key -> a stack in the heap records; holds no reference (see stacks/stack_cache.rs).
     pub(crate) stacks: StackCache,
     /// Raw frame key -> interned frame, for stacks the stack cache misses; holds references on
-    /// its ids (see frame_cache.rs).
+    /// its ids (see stacks/frame_cache.rs).
     pub(crate) frames: FrameCache,
     /// Class name -> its id, one reference each: a sample of a class seen before counts a
     /// reference instead of interning the name (a string hash and two lookups in the storage).
@@ -110,7 +109,7 @@ impl HeapRecorder {
         match self.caches.try_borrow() {
             // Handles of an older epoch may have been freed: marking one could touch a dead slot.
             Ok(caches) if caches.epoch == self.handle_epoch() => {
-                // The stack cache's keys are among these (see stack_cache.rs).
+                // The stack cache's keys are among these (see stacks/stack_cache.rs).
                 caches.frames.for_each_handle(&mut mark);
             }
             Ok(_) => {}

@@ -4,7 +4,7 @@
 use super::{CommitOutcome, HeapRecorder, ObjectRecord, State};
 use crate::error::{HeapError, Result};
 use crate::lock::LockGuard;
-use crate::stack::Stack;
+use crate::stacks::Stack;
 use crate::strings::StringId;
 use crate::vm::Vm;
 

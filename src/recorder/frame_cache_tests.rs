@@ -7,10 +7,7 @@ use std::sync::Arc;
 
 use super::*;
 use crate::fake_vm::FakeVm;
-use crate::frame_cache::{FrameKey, FRAME_CACHE_MAX_FRAMES};
-use crate::stack::{Frame, RawFrame};
-use crate::stack_cache::FrameSource;
-use crate::stack_cache::RawStackKey;
+use crate::stacks::{Frame, FrameKey, FrameSource, RawFrame, RawStackKey, FRAME_CACHE_MAX_FRAMES};
 
 /// A capture with per-frame keys: handle i names `names[i]`, at line i + 1 of app.rb.
 struct Keyed {

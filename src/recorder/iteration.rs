@@ -11,7 +11,7 @@ use std::hash::BuildHasherDefault;
 use rustc_hash::{FxHashSet, FxHasher};
 
 use crate::error::{HeapError, Result};
-use crate::stack::Stack;
+use crate::stacks::Stack;
 use crate::strings::StringId;
 use crate::vm::Vm;
 
@@ -152,7 +152,7 @@ impl HeapRecorder {
             names.texts.insert(id, text.into_boxed_str());
             Ok(())
         };
-        let mut seen_stacks: FxHashSet<*const crate::stack::Frame> = FxHashSet::default();
+        let mut seen_stacks: FxHashSet<*const crate::stacks::Frame> = FxHashSet::default();
         for object in objects {
             add(object.data.class)?;
             if seen_stacks.insert(object.stack.as_ptr()) {

@@ -21,7 +21,7 @@ use rustc_hash::FxHasher;
 
 use crate::error::{HeapError, Result, FIXNUM_MAX};
 use crate::lock::SoftLock;
-use crate::stack::{HeapRecords, Stack};
+use crate::stacks::{HeapRecords, Stack};
 use crate::stats::{LastUpdate, Lifetime, Stats};
 use crate::strings::{StringId, Strings};
 use crate::vm::ObjectRef;

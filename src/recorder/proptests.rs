@@ -6,7 +6,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::fake_vm::FakeVm;
-use crate::stack::{refs_of, Frame, RawFrame};
+use crate::stacks::frame::{refs_of, Frame, RawFrame};
 
 const SITES: [&str; 4] = ["alpha", "beta", "gamma", "delta"];
 const CLASSES: [Option<&str>; 3] = [Some("String"), Some("Array"), None];

@@ -8,9 +8,7 @@ use super::{
     MAX_PENDING_RECORDINGS,
 };
 use crate::error::{HeapError, Result, FIXNUM_MAX};
-use crate::frame_cache::FrameCache;
-use crate::stack::{RawFrame, Stack};
-use crate::stack_cache::{FrameSource, HashedKey, StackCache};
+use crate::stacks::{FrameCache, FrameSource, HashedKey, RawFrame, Stack, StackCache};
 use crate::strings::Batch;
 use crate::vm::ObjectRef;
 
@@ -78,7 +76,7 @@ fn acquire_stack<S: FrameSource + ?Sized>(
 
 /// Makes the frame cache serve `epoch`, emptying the stack cache when it empties the frame
 /// cache: the stack cache marks none of its keys' handles, the frame cache keeps them (see
-/// stack_cache.rs).
+/// stacks/stack_cache.rs).
 fn enter_frame_cache(
     frames: &mut FrameCache,
     stacks: &mut StackCache,

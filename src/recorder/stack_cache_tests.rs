@@ -10,9 +10,8 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::fake_vm::FakeVm;
-use crate::stack::{refs_of, RawFrame};
-use crate::stack_cache::FrameSource;
-use crate::stack_cache::RawStackKey;
+use crate::stacks::frame::refs_of;
+use crate::stacks::{FrameSource, RawFrame, RawStackKey};
 
 /// A captured stack as the binding sees it: handles and lines (the key), and the names they
 /// stand for, which it counts being asked for.
@@ -272,7 +271,7 @@ proptest! {
     ) {
         const NAMES: [&str; 4] = ["w", "x", "y", "z"];
         let rec = HeapRecorder::default();
-        rec.caches().unwrap().stacks = crate::stack_cache::StackCache::with_slots(slots);
+        rec.caches().unwrap().stacks = crate::stacks::StackCache::with_slots(slots);
         let mut vm = FakeVm::new();
         let mut objects = vec![];
         let mut seen_ids = HashSet::new();

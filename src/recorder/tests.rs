@@ -1,7 +1,7 @@
 use super::*;
 use crate::fake_vm::FakeVm;
 use crate::recorder::update::{UpdateKind, UpdateOutcome, OLD_AGE};
-use crate::stack::RawFrame;
+use crate::stacks::RawFrame;
 use crate::vm::Vm;
 
 /// A thread other than the fake VM's own (which is 1), as holder of the soft lock.

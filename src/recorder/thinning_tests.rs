@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::fake_vm::FakeVm;
-use crate::stack::RawFrame;
+use crate::stacks::RawFrame;
 
 #[test]
 fn thinning_removes_the_dropped_records_from_the_liveness_table() {

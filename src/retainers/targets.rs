@@ -13,7 +13,7 @@ use crate::pprof::{
     SourceFrame, LIVE_SAMPLES_TYPE, LIVE_SAMPLES_UNIT, LIVE_SIZE_TYPE, LIVE_SIZE_UNIT,
 };
 use crate::recorder::{LiveObject, Snapshot};
-use crate::stack::Frame;
+use crate::stacks::Frame;
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 

@@ -1,48 +1,21 @@
-//! Stacks and heap records: each distinct allocation stack is kept once, with the number of
-//! tracked objects (pending or committed) that were allocated there.
+//! Heap records: each distinct allocation stack is kept once, with the number of tracked objects
+//! (pending or committed) that were allocated there, and holds the string references of its
+//! frames. A record's [`Claims`] are what the stack cache keeps to claim it again without a lookup.
 
 use std::cell::Cell;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::hash::BuildHasherDefault;
 use std::rc::Rc;
 use std::sync::Arc;
 
 use rustc_hash::FxHasher;
 
 use crate::error::{HeapError, Result, MAX_FRAMES_LIMIT};
-use crate::frame_cache::{FrameCache, FrameKey};
-use crate::stack_cache::FrameSource;
-use crate::strings::{Batch, GroupId, StringId};
-
-/// One frame of an allocation stack, as ids into the recorder's string storage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Frame {
-    pub name: StringId,
-    pub filename: StringId,
-    pub line: i32,
-}
-
-/// One word per frame instead of three: a stack is hashed on every sample that finds its heap
-/// record, and Fx's cost is one multiply per word. Equal frames give equal words; frames that
-/// share a word (ids or lines past 2^20 overlapping) only share a hash bucket.
-impl Hash for Frame {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        let ids = (u64::from(self.name) << 32) | u64::from(self.filename);
-        state.write_u64(ids ^ (u64::from(self.line as u32) << 20));
-    }
-}
-
-/// A frame as the caller hands it in, before interning.
-#[derive(Debug, Clone, Copy)]
-pub struct RawFrame<'a> {
-    pub name: &'a str,
-    pub filename: &'a str,
-    pub line: i32,
-}
-
-/// A deduplicated stack, innermost frame first. Cheap to clone; immutable once built, so a
-/// snapshot can hand clones to a thread that does not hold the GVL.
-pub type Stack = Arc<[Frame]>;
+use crate::stacks::frame::{refs_of, Frame, RawFrame, Stack};
+use crate::stacks::frame_cache::FrameCache;
+use crate::stacks::handles::FrameKey;
+use crate::stacks::source::FrameSource;
+use crate::strings::{Batch, GroupId};
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 
@@ -85,14 +58,6 @@ pub struct HeapRecords {
     refs: u64,
     /// Scratch buffer reused by every `acquire`, so a lookup of an existing stack allocates nothing.
     scratch: Vec<Frame>,
-}
-
-/// The string references a stack's frames hold (the empty string's id 0 holds none).
-pub(crate) fn refs_of(stack: &[Frame]) -> u64 {
-    stack
-        .iter()
-        .map(|f| u64::from(f.name != 0) + u64::from(f.filename != 0))
-        .sum()
 }
 
 impl HeapRecords {
@@ -360,19 +325,6 @@ impl HeapRecords {
     }
 }
 
-/// How a stack of `depth` frames is cut to `max_frames`: the frames kept (innermost first) and,
-/// when some were dropped, the name of the one frame that stands for them at the end. `open_ended`
-/// says the capture filled its buffer, so more frames may have been dropped than it saw.
-pub fn truncation(depth: usize, max_frames: usize, open_ended: bool) -> (usize, Option<String>) {
-    if depth <= max_frames {
-        return (depth, None);
-    }
-    let keep = max_frames.saturating_sub(1);
-    let dropped = depth - keep;
-    let plus = if open_ended { "+" } else { "" };
-    (keep, Some(format!("({dropped}{plus} frames truncated)")))
-}
-
 /// Gives back what a swept record holds: its group (and its marker's reference), or a reference
 /// per id.
 fn give_back(strings: &mut Batch<'_>, stack: &[Frame], claims: &Claims) {
@@ -410,5 +362,5 @@ fn claim(claims: &Claims, dormant: &mut usize) -> Result<()> {
 }
 
 #[cfg(test)]
-#[path = "stack_tests.rs"]
+#[path = "records_tests.rs"]
 mod tests;

@@ -1,22 +1,7 @@
-//! Unit tests of heap records and truncation.
+//! Unit tests of heap records.
 
 use super::*;
 use crate::strings::Strings;
-
-#[test]
-fn truncation_keeps_max_frames_in_all_marker_included() {
-    assert_eq!(truncation(5, 5, false), (5, None));
-    assert_eq!(truncation(5, 5, true), (5, None));
-    assert_eq!(
-        truncation(10, 4, false),
-        (3, Some("(7 frames truncated)".into()))
-    );
-    assert_eq!(
-        truncation(10, 4, true),
-        (3, Some("(7+ frames truncated)".into()))
-    );
-    assert_eq!(truncation(3, 1, false).0, 0);
-}
 
 fn raw(frames: &[(&'static str, &'static str, i32)]) -> Vec<RawFrame<'static>> {
     frames

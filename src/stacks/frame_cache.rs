@@ -19,28 +19,14 @@ use std::hash::BuildHasherDefault;
 use rustc_hash::FxHasher;
 
 use crate::error::Result;
-use crate::stack::Frame;
+use crate::stacks::frame::Frame;
+use crate::stacks::handles::{FrameKey, LAST_SENTINEL_LOCATOR};
 use crate::strings::{Batch, GroupId};
 
 /// Most frames kept; a full cache starts again empty (about 60 bytes each). A program that runs
 /// much distinct code (rubocop) kept refilling a cache of 8,192 and naming the same frames again;
 /// the GC marks each distinct handle once however many frames share it (see `handles`).
 pub const FRAME_CACHE_MAX_FRAMES: usize = 65536;
-
-/// One frame's raw identity: equal keys in one epoch must name equal frames.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct FrameKey {
-    /// The frame handle (a VALUE in the binding).
-    pub handle: u64,
-    /// Whatever else its name or location depends on (the binding: for a C frame, the handle of
-    /// the Ruby frame whose file it takes; 0 otherwise).
-    pub locator: u64,
-    pub line: i32,
-}
-
-/// Locators up to this one are sentinels (0: the frame is where it is; 1: no Ruby frame to
-/// locate it at), not frame handles.
-pub const LAST_SENTINEL_LOCATOR: u64 = 1;
 
 type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 type FxSet<T> = HashSet<T, BuildHasherDefault<FxHasher>>;

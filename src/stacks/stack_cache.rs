@@ -5,7 +5,7 @@
 //! What makes a hit trustworthy:
 //! - Frame handles are only stable while something keeps them alive and unmoved. This cache
 //!   marks nothing itself: the recorder fills a slot only once the key's handles are in its frame
-//!   cache (`crate::frame_cache`), whose distinct handles the binding marks (and so pins) at
+//!   cache (frame_cache.rs), whose distinct handles the binding marks (and so pins) at
 //!   every GC, and it empties this cache whenever the frame cache empties. (Marking each slot's
 //!   copy of its handles too cost a minor GC of rubocop 0.24 ms more: 512 slots of about a
 //!   hundred frames, mostly the same handles.) When a GC could not mark, the binding starts a
@@ -29,11 +29,11 @@
 //! is built once; filling a slot allocates nothing (the stack is shared). Needs no lock: the
 //! recorder's state owns it.
 
-use crate::error::Result;
-use crate::frame_cache::FrameKey;
 use std::rc::Rc;
 
-use crate::stack::{Claims, Frame, RawFrame, Stack};
+use crate::stacks::frame::Stack;
+use crate::stacks::handles::{HashedKey, RawStackKey};
+use crate::stacks::records::Claims;
 
 /// Slots in a recorder's stack cache (a power of two, at least [`WAYS`]).
 pub const STACK_CACHE_SLOTS: usize = 1024;
@@ -44,138 +44,6 @@ const WAYS: usize = 2;
 /// Longest key kept. Deeper captures are not cached (always named): a recursion that deep
 /// rarely repeats exactly, and the frame cache would have to keep every handle of the key.
 pub const STACK_CACHE_MAX_KEY_FRAMES: usize = 1024;
-
-/// The raw identity of one captured stack. Equal keys in one epoch must resolve to equal frames.
-#[derive(Debug, Clone, Copy)]
-pub struct RawStackKey<'a> {
-    /// Opaque frame handles, innermost first (VALUEs in the binding).
-    pub frames: &'a [u64],
-    /// One line number per handle.
-    pub lines: &'a [i32],
-    /// Whatever else the resolved frames depend on (the binding: `max_frames`).
-    pub salt: u64,
-    /// The period in which the handles are stable (the binding: [`crate::HeapRecorder::handle_epoch`]).
-    pub epoch: u64,
-}
-
-impl RawStackKey<'_> {
-    /// The key's two independent 64-bit hashes, `(slot, check)`, in one pass over its frames:
-    /// the first picks the set, the second must agree too before a slot matches.
-    ///
-    /// Each hash runs four lanes, frame `i` going to lane `i % 4`, so the processor works on
-    /// eight independent multiplications at a time instead of waiting on one chain (on a Rails
-    /// stack of 120 frames: about 120 ns, where two single-chain passes took about 490). A step
-    /// is a folded 64×64→128-bit multiplication of the lane (xored with the handle) by the line
-    /// (xored with a constant), so handle and line each reach every bit of the lane. The lanes
-    /// start from the salt and the length, each from its own constant, and are folded together in
-    /// order at the end.
-    fn hashes(&self) -> (u64, u64) {
-        const SLOT: [u64; 4] = [
-            0x243f_6a88_85a3_08d3,
-            0x1319_8a2e_0370_7344,
-            0xa409_3822_299f_31d0,
-            0x082e_fa98_ec4e_6c89,
-        ];
-        const CHECK: [u64; 4] = [
-            0x4528_21e6_38d0_1377,
-            0xbe54_66cf_34e9_0c6c,
-            0xc0ac_29b7_c97c_50dd,
-            0x3f84_d5b5_b547_0917,
-        ];
-        const LINE_SLOT: u64 = 0x9216_d5d9_8979_fb1b;
-        const LINE_CHECK: u64 = 0xd131_0ba6_98df_b5ac;
-        let fold = |x: u64, y: u64| {
-            let p = u128::from(x).wrapping_mul(u128::from(y));
-            (p as u64) ^ ((p >> 64) as u64)
-        };
-        let seed = self.salt ^ (self.frames.len() as u64).rotate_left(32);
-        let mut slot = SLOT.map(|c| c ^ seed);
-        let mut check = CHECK.map(|c| c ^ seed.rotate_left(29));
-        let n = self.frames.len().min(self.lines.len());
-        let (frames, lines) = (&self.frames[..n], &self.lines[..n]);
-        let mut step = |lane: usize, frame: u64, line: i32| {
-            let line = u64::from(line as u32);
-            slot[lane] = fold(slot[lane] ^ frame, line ^ LINE_SLOT);
-            check[lane] = fold(check[lane] ^ frame, line ^ LINE_CHECK);
-        };
-        let (frame_quads, line_quads) = (frames.chunks_exact(4), lines.chunks_exact(4));
-        let tail = frame_quads.remainder().iter().zip(line_quads.remainder());
-        for (f, l) in frame_quads.zip(line_quads) {
-            for lane in 0..4 {
-                step(lane, f[lane], l[lane]);
-            }
-        }
-        for (lane, (&f, &l)) in tail.enumerate() {
-            step(lane, f, l);
-        }
-        let finish = |lanes: [u64; 4], k: u64| {
-            lanes
-                .iter()
-                .fold(k, |h, &lane| fold(h ^ lane, k.rotate_left(17) | 1))
-        };
-        (finish(slot, LINE_CHECK), finish(check, LINE_SLOT))
-    }
-}
-
-/// A key with its [`RawStackKey::hashes`], computed once for a lookup and for the insert that
-/// follows a miss.
-#[derive(Debug, Clone, Copy)]
-pub struct HashedKey<'a> {
-    pub key: RawStackKey<'a>,
-    hashes: (u64, u64),
-}
-
-impl<'a> From<RawStackKey<'a>> for HashedKey<'a> {
-    fn from(key: RawStackKey<'a>) -> Self {
-        HashedKey {
-            key,
-            hashes: key.hashes(),
-        }
-    }
-}
-
-/// Where a recording's frames come from: a raw key for the stack cache, when the caller has one,
-/// and the named frames, which are only asked for when the cache cannot answer.
-pub trait FrameSource {
-    /// The stack's raw identity; `None` when it has none worth caching.
-    fn key(&self) -> Option<RawStackKey<'_>>;
-
-    /// Names the frames and calls `f` with them, returning what `f` returns. The frames may
-    /// borrow from memory that only lives as long as this call.
-    fn with_frames(&self, f: &mut dyn FnMut(&[RawFrame<'_>]) -> Result<Stack>) -> Result<Stack>;
-
-    /// Per-frame identities for the frame cache (`crate::frame_cache`): fills `out` with one key
-    /// per kept frame, innermost first, and returns their epoch; `None` (the default) when the
-    /// source has none, and then `with_frames` names the stack.
-    fn frame_keys(&self, _out: &mut Vec<FrameKey>) -> Option<u64> {
-        None
-    }
-
-    /// Names kept frame `i` (in `frame_keys`' order) and calls `f` with its name and file.
-    fn name_frame(
-        &self,
-        _i: usize,
-        f: &mut dyn FnMut(&str, &str) -> Result<Frame>,
-    ) -> Result<Frame> {
-        f("", "")
-    }
-
-    /// The name of the frame that stands for the frames cut off past `max_frames`, if any.
-    fn truncation_marker(&self) -> Option<String> {
-        None
-    }
-}
-
-/// Frames already named (`record_allocation` from Ruby, the tests): nothing to cache.
-impl FrameSource for [RawFrame<'_>] {
-    fn key(&self) -> Option<RawStackKey<'_>> {
-        None
-    }
-
-    fn with_frames(&self, f: &mut dyn FnMut(&[RawFrame<'_>]) -> Result<Stack>) -> Result<Stack> {
-        f(self)
-    }
-}
 
 #[derive(Default)]
 struct Slot {
@@ -327,7 +195,7 @@ impl StackCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stack::Frame;
+    use crate::stacks::frame::Frame;
     use std::sync::Arc;
 
     fn stack(line: i32) -> Stack {
@@ -467,47 +335,5 @@ mod tests {
             kept >= 60,
             "only {kept} of 64 keys kept in {STACK_CACHE_SLOTS} slots"
         );
-    }
-
-    #[test]
-    fn near_identical_stacks_differ_in_both_hashes() {
-        // A Rails-deep stack and every small change a program makes to one: a line moved, a
-        // handle changed, two frames swapped (in one lane or across lanes), a frame gone, or a
-        // handle and a line trading bits. Each must differ from all the others in each hash.
-        let frames: Vec<u64> = (0..120)
-            .map(|i| 0x7f3a_0000_0000 + 40 * (i * 7 % 120))
-            .collect();
-        let lines: Vec<i32> = (0..120).map(|i| 10 + 3 * i).collect();
-        let mut variants = vec![(frames.clone(), lines.clone())];
-        for i in 0..120 {
-            let mut l = lines.clone();
-            l[i] += 1;
-            variants.push((frames.clone(), l));
-            let mut f = frames.clone();
-            f[i] += 40;
-            variants.push((f, lines.clone()));
-            let mut f = frames.clone();
-            f[i] ^= 1 << 48;
-            let mut l = lines.clone();
-            l[i] ^= 1;
-            variants.push((f, l));
-            for apart in [1, 4] {
-                if i + apart < 120 {
-                    let (mut f, mut l) = (frames.clone(), lines.clone());
-                    f.swap(i, i + apart);
-                    l.swap(i, i + apart);
-                    variants.push((f, l));
-                }
-            }
-            variants.push((frames[..i].to_vec(), lines[..i].to_vec()));
-        }
-        let mut slots = std::collections::HashSet::new();
-        let mut checks = std::collections::HashSet::new();
-        for (f, l) in &variants {
-            let (slot, check) = raw_key(f, l, 0).hashes();
-            assert!(slots.insert(slot), "slot hash repeated");
-            assert!(checks.insert(check), "check hash repeated");
-        }
-        assert_eq!(slots.len(), variants.len());
     }
 }
