@@ -4,7 +4,7 @@ require_relative "spec_helper"
 require "json"
 require "tmpdir"
 require "datadog_heap/cli"
-require "datadog_heap/report_html"
+require "datadog_heap/report/report_html"
 require_relative "fixtures/profiles"
 
 # FlameGraph#data: the tree the page's script draws from (spec/flame_graph_browser_spec.rb uses

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 require "datadog_heap/cli"
-require "datadog_heap/trend_html"
+require "datadog_heap/report/trend_html"
 
 # A chart's title is a site: a path and a method. It wraps at spaces, between words; only a
 # single word wider than the card may be broken (`overflow-wrap: break-word`), never every word

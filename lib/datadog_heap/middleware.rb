@@ -271,7 +271,7 @@ module DatadogHeap
     end
 
     def top(value)
-      return CLI::DEFAULT_TOP if value.nil?
+      return Report::DEFAULT_TOP if value.nil?
 
       n = value.match?(/\A\d{1,4}\z/) ? Integer(value, 10) : nil
       return n if n&.between?(1, MAX_TOP)
@@ -293,14 +293,14 @@ module DatadogHeap
       profile = Profile.parse(bytes, path: "heap of pid #{Process.pid}")
       profile = WorkersView.new(@workers_dir, max_age: @workers_max_age).sum(profile) if query[:workers]
       out = StringIO.new
-      cli = CLI.new(out: out, err: out)
+      writer = Report::Writer.new(out)
       options = {top: query[:top], by: query[:by], group: query[:group], wide: query[:wide]}
       unless query[:html]
-        cli.write_report(profile, **options)
+        writer.write_report(profile, **options)
         return text(200, out.string)
       end
 
-      cli.write_html_report(profile, **options)
+      writer.write_html_report(profile, **options)
       [200, {"content-type" => "text/html; charset=utf-8", "content-length" => out.string.bytesize.to_s,
         "cache-control" => "no-store", "content-security-policy" => ReportHtml.content_security_policy,
         "x-content-type-options" => "nosniff"}, [out.string]]
@@ -313,6 +313,6 @@ module DatadogHeap
   end
 end
 
-require "datadog_heap/cli"
-require "datadog_heap/report_html"
+require "datadog_heap/report/writer"
+require "datadog_heap/report/report_html"
 require "datadog_heap/workers_view"

@@ -49,7 +49,7 @@ module DatadogHeap
         trends = Profile.trend(profiles, **grouping(options))
         print_trend(profiles, trends, options)
         if options[:html]
-          require_relative "../trend_html"
+          require_relative "../report/trend_html"
           path = writing(options[:html]) do
             TrendHtml.write(options[:html], profiles, trends, top: options[:top], paths: paths(options))
           end

@@ -14,7 +14,7 @@ module DatadogHeap
   # and, for a series of profiles, the trend charts of TrendHtml.
   #
   # Every text that comes from a profile (frames, files, classes, comments, paths) goes through
-  # `h`: HTML-escaped, control characters shown as CLI::SafeText shows them.
+  # `h`: HTML-escaped, control characters shown as Report::SafeText shows them.
   module ReportHtml
     extend HtmlText
 
@@ -58,10 +58,11 @@ module DatadogHeap
 
     module_function
 
-    # The page for `profile`. `sites` and `classes` are CLI tables ({headers:, rows:, aligns:,
-    # titles:, rough:, count:, noun:}, rows' cells not yet escaped); `paths` a CLI::Paths; `by`
-    # :size or :count; `series` nil, or {profiles:, trends:} / {profiles:, error:} for several;
-    # `holders` nil, or what keeps each top site alive (see #holders_section).
+    # The page for `profile`. `sites` and `classes` are report tables (Report::Text#site_table's
+    # {headers:, rows:, aligns:, titles:, rough:} with count: and noun:, rows' cells not yet
+    # escaped); `paths` a Report::Paths; `by` :size or :count; `series` nil, or
+    # {profiles:, trends:} / {profiles:, error:} for several; `holders` nil, or what keeps each
+    # top site alive (see #holders_section).
     def page(profile, sites:, classes:, paths:, by: :size, series: nil, holders: nil)
       flame = FlameGraph.new(profile, paths: paths, by: by)
       graph = flame.svg
@@ -208,7 +209,7 @@ module DatadogHeap
       %(<div class="legend">#{swatches.join(" ")}</div>)
     end
 
-    # A CLI table as HTML, headed "Top N of M nouns by live bytes".
+    # A report table as HTML, headed "Top N of M nouns by live bytes".
     def rows_table(table, by)
       noun = table[:noun]
       plural = noun == "class" ? "classes" : "#{noun}s"
@@ -230,7 +231,7 @@ module DatadogHeap
     end
 
     # "What keeps it alive": per top site with retainer paths ({site:, class_name:, found:, shapes:
-    # [[counts, shape, example or nil], ...]}, from CLI::Why), its paths grouped by shape; "" for
+    # [[counts, shape, example or nil], ...]}, from Report::RetainerShapes), its paths grouped by shape; "" for
     # nil (the profile has none).
     def holders_section(holders)
       return "" unless holders

@@ -3,7 +3,7 @@
 require "io/console"
 
 module DatadogHeap
-  class CLI
+  module Report
     # How the lines of `report`, `diff`, `trend`, `why` and the HTML pages show files: shortened
     # (Profile.short_path: `rack-3.0.8 rack/utils.rb`, `stdlib json/common.rb`, paths under the
     # app root relative to it) or, with --wide, as the profile holds them; and how wide a table

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 module DatadogHeap
-  class CLI
+  module Report
     # Text from a profile (frame, file, class and thread names, comments, paths) as it may reach a
     # terminal. A profile can come from anywhere, and a name holding ESC or another control
     # character would otherwise drive the terminal that prints it (clear the screen, set its title,

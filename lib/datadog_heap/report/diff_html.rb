@@ -15,7 +15,7 @@ module DatadogHeap
 
     module_function
 
-    # The page for `old` and `new` (Profiles, each one file or a sum). `paths`: a CLI::Paths;
+    # The page for `old` and `new` (Profiles, each one file or a sum). `paths`: a Report::Paths;
     # `by`: :size or :count; `group`: {group:, app_root:} as for Profile#diff; `top`: rows per table.
     def page(old, new, paths:, by:, group:, top:)
       flame = FlameGraph.new(new, paths: paths, by: by, base: old)

@@ -8,7 +8,7 @@ module DatadogHeap
   # An icicle graph of a profile's live heap by stack: the root, all live bytes, at the top;
   # under each frame the frames it called, as wide as the live bytes (live objects with
   # `by: :count` or a profile without sizes) their stacks hold, the heaviest first. Each frame is
-  # "method (file:line)", the file as CLI::Paths shows it, and carries a `<title>` tooltip: the
+  # "method (file:line)", the file as Report::Paths shows it, and carries a `<title>` tooltip: the
   # frame in full, bytes, objects and share.
   #
   # The page gets the graph twice. #svg draws it as inline SVG, readable with no script at all
@@ -46,7 +46,7 @@ module DatadogHeap
 
     attr_reader :measure, :stacks
 
-    # `profile`: a Profile; `paths`: a CLI::Paths (labels and library kinds); `by`: :size or
+    # `profile`: a Profile; `paths`: a Report::Paths (labels and library kinds); `by`: :size or
     # :count; `base`: nil, or the older Profile of a diff.
     def initialize(profile, paths:, by: :size, base: nil)
       @paths = paths
@@ -113,7 +113,7 @@ module DatadogHeap
       string = ->(text) { strings[text] ||= strings.size }
       nodes = []
       kept(@root).each_with_index do |(node, parent), index|
-        row = [parent, string.call(CLI::SafeText.escape(label(node))), string.call(place(node)),
+        row = [parent, string.call(Report::SafeText.escape(label(node))), string.call(place(node)),
           string.call(color(node)), node.bytes, node.objects]
         row.push(node.old_bytes, node.old_objects) if @diff
         nodes << row
@@ -397,12 +397,12 @@ module DatadogHeap
     def place(node)
       return "" if node.equal?(@root) || node.file.to_s.empty?
 
-      CLI::SafeText.escape(node.line.to_i > 0 ? "#{node.file}:#{node.line}" : node.file.to_s)
+      Report::SafeText.escape(node.line.to_i > 0 ? "#{node.file}:#{node.line}" : node.file.to_s)
     end
 
     def frame(node, x, level, width)
       # Escaped for the terminal's sake first, so that the cut below counts what is shown.
-      text = CLI::SafeText.escape(label(node))
+      text = Report::SafeText.escape(label(node))
       y = level * ROW
       share = total > 0 ? 100.0 * node[@measure] / total : 0.0
       tip = [text]

@@ -1,7 +1,8 @@
 # frozen_string_literal: true
 
 require "cgi"
-require_relative "cli/safe_text"
+require_relative "safe_text"
+require_relative "bytes"
 
 module DatadogHeap
   # What the HTML pages (ReportHtml, TrendHtml, FlameGraph) write text and numbers with. Pages
@@ -10,9 +11,9 @@ module DatadogHeap
     private
 
     # Text from a profile as HTML: escaped for element text and quoted attribute values alike,
-    # control characters and stray bytes shown as CLI::SafeText shows them.
+    # control characters and stray bytes shown as Report::SafeText shows them.
     def h(text)
-      CGI.escapeHTML(CLI::SafeText.escape(text))
+      CGI.escapeHTML(Report::SafeText.escape(text))
     end
 
     # A coordinate or length for SVG: one decimal.
@@ -21,7 +22,7 @@ module DatadogHeap
     end
 
     def human(bytes)
-      CLI::Bytes.human_bytes(bytes)
+      Report::Bytes.human_bytes(bytes)
     end
   end
 end

@@ -32,7 +32,7 @@ module DatadogHeap
     module_function
 
     # Writes the page for `trends` (Profile.trend of `profiles`) to `path`; at most `top` charts,
-    # growing sites first; files shown as `paths` (a CLI::Paths) shows them (nil: as they are).
+    # growing sites first; files shown as `paths` (a Report::Paths) shows them (nil: as they are).
     # Returns the path.
     def write(path, profiles, trends, top: 12, paths: nil)
       path = Validate.path!(:path, path)
@@ -143,7 +143,7 @@ module DatadogHeap
     end
 
     def signed_bytes(bytes)
-      CLI::Bytes.signed_bytes(bytes)
+      Report::Bytes.signed_bytes(bytes)
     end
   end
 end
