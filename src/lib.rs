@@ -48,7 +48,10 @@ pub use retainers::{
     SearchLimits, SearchOutcome, Stop, TargetObject, TargetSite,
 };
 pub use stacks::{
-    truncation, Frame, FrameKey, FrameSource, RawFrame, RawStackKey, Stack, STACK_CACHE_SLOTS,
+    truncation, Frame, FrameKey, FrameSource, NamedFrame, Stack, StackHandles, STACK_CACHE_SLOTS,
 };
+/// The old names of [`NamedFrame`] and [`StackHandles`], which src/pprof/tests and the binding's
+/// sampler/capture.rs still use; new code uses the new ones.
+pub use stacks::{NamedFrame as RawFrame, StackHandles as RawStackKey};
 pub use stats::{StatValue, Stats};
 pub use vm::{LiveInfo, ObjectRef, Probe, Vm, WalkVisitor};

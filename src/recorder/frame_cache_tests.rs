@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use super::*;
 use crate::fake_vm::FakeVm;
-use crate::stacks::{Frame, FrameKey, FrameSource, RawFrame, RawStackKey, FRAME_CACHE_MAX_FRAMES};
+use crate::stacks::{
+    Frame, FrameKey, FrameSource, NamedFrame, StackHandles, FRAME_CACHE_MAX_FRAMES,
+};
 
 /// A capture with per-frame keys: handle i names `names[i]`, at line i + 1 of app.rb.
 struct Keyed {
@@ -45,8 +47,8 @@ impl Keyed {
 }
 
 impl FrameSource for Keyed {
-    fn key(&self) -> Option<RawStackKey<'_>> {
-        Some(RawStackKey {
+    fn key(&self) -> Option<StackHandles<'_>> {
+        Some(StackHandles {
             frames: &self.handles,
             lines: &self.lines,
             salt: self.salt,
@@ -54,9 +56,9 @@ impl FrameSource for Keyed {
         })
     }
 
-    fn with_frames(&self, f: &mut dyn FnMut(&[RawFrame<'_>]) -> Result<Stack>) -> Result<Stack> {
-        let frames: Vec<RawFrame> = (self.names.iter().zip(&self.lines))
-            .map(|(&name, &line)| RawFrame {
+    fn with_frames(&self, f: &mut dyn FnMut(&[NamedFrame<'_>]) -> Result<Stack>) -> Result<Stack> {
+        let frames: Vec<NamedFrame> = (self.names.iter().zip(&self.lines))
+            .map(|(&name, &line)| NamedFrame {
                 name,
                 filename: "app.rb",
                 line,

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::fake_vm::FakeVm;
-use crate::stacks::frame::{refs_of, Frame, RawFrame};
+use crate::stacks::frame::{refs_of, Frame, NamedFrame};
 
 const SITES: [&str; 4] = ["alpha", "beta", "gamma", "delta"];
 const CLASSES: [Option<&str>; 3] = [Some("String"), Some("Array"), None];
@@ -43,9 +43,9 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn stack_for(site: usize, depth: usize) -> Vec<RawFrame<'static>> {
+fn stack_for(site: usize, depth: usize) -> Vec<NamedFrame<'static>> {
     (0..depth)
-        .map(|i| RawFrame {
+        .map(|i| NamedFrame {
             name: SITES[(site + i) % SITES.len()],
             filename: if i == 0 { "site.rb" } else { "caller.rb" },
             line: i as i32,

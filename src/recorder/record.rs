@@ -8,7 +8,7 @@ use super::{
     MAX_PENDING_RECORDINGS,
 };
 use crate::error::{HeapError, Result, FIXNUM_MAX};
-use crate::stacks::{FrameCache, FrameSource, HashedKey, RawFrame, Stack, StackCache};
+use crate::stacks::{FrameCache, FrameSource, HashedKey, NamedFrame, Stack, StackCache};
 use crate::strings::Batch;
 use crate::vm::ObjectRef;
 
@@ -102,7 +102,7 @@ impl HeapRecorder {
         object: ObjectRef,
         weight: u64,
         class_name: Option<&str>,
-        frames: &[RawFrame<'_>],
+        frames: &[NamedFrame<'_>],
         alloc_gen: u64,
     ) -> Result<Recorded> {
         self.record_allocation_from(object, weight, class_name, frames, alloc_gen)

@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::fake_vm::FakeVm;
 use crate::stacks::frame::refs_of;
-use crate::stacks::{FrameSource, RawFrame, RawStackKey};
+use crate::stacks::{FrameSource, NamedFrame, StackHandles};
 
 /// A captured stack as the binding sees it: handles and lines (the key), and the names they
 /// stand for, which it counts being asked for.
@@ -19,12 +19,12 @@ struct Captured {
     handles: Vec<u64>,
     lines: Vec<i32>,
     epoch: u64,
-    frames: Vec<RawFrame<'static>>,
+    frames: Vec<NamedFrame<'static>>,
     named: Cell<usize>,
 }
 
 impl Captured {
-    fn new(handles: &[u64], epoch: u64, frames: Vec<RawFrame<'static>>) -> Self {
+    fn new(handles: &[u64], epoch: u64, frames: Vec<NamedFrame<'static>>) -> Self {
         Captured {
             handles: handles.to_vec(),
             lines: frames.iter().map(|f| f.line).collect(),
@@ -36,8 +36,8 @@ impl Captured {
 }
 
 impl FrameSource for Captured {
-    fn key(&self) -> Option<RawStackKey<'_>> {
-        Some(RawStackKey {
+    fn key(&self) -> Option<StackHandles<'_>> {
+        Some(StackHandles {
             frames: &self.handles,
             lines: &self.lines,
             salt: 0,
@@ -45,17 +45,17 @@ impl FrameSource for Captured {
         })
     }
 
-    fn with_frames(&self, f: &mut dyn FnMut(&[RawFrame<'_>]) -> Result<Stack>) -> Result<Stack> {
+    fn with_frames(&self, f: &mut dyn FnMut(&[NamedFrame<'_>]) -> Result<Stack>) -> Result<Stack> {
         self.named.set(self.named.get() + 1);
         f(&self.frames)
     }
 }
 
-fn frames(names: &[&'static str]) -> Vec<RawFrame<'static>> {
+fn frames(names: &[&'static str]) -> Vec<NamedFrame<'static>> {
     names
         .iter()
         .enumerate()
-        .map(|(i, &name)| RawFrame {
+        .map(|(i, &name)| NamedFrame {
             name,
             filename: "app.rb",
             line: i as i32 + 1,

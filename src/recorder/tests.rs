@@ -1,20 +1,20 @@
 use super::*;
 use crate::fake_vm::FakeVm;
 use crate::recorder::update::{UpdateKind, UpdateOutcome, OLD_AGE};
-use crate::stacks::RawFrame;
+use crate::stacks::NamedFrame;
 use crate::vm::Vm;
 
 /// A thread other than the fake VM's own (which is 1), as holder of the soft lock.
 const OTHER_THREAD: crate::lock::ThreadId = 2;
 
-fn frames(site: &'static str, line: i32) -> Vec<RawFrame<'static>> {
+fn frames(site: &'static str, line: i32) -> Vec<NamedFrame<'static>> {
     vec![
-        RawFrame {
+        NamedFrame {
             name: site,
             filename: "app.rb",
             line,
         },
-        RawFrame {
+        NamedFrame {
             name: "main",
             filename: "main.rb",
             line: 1,
@@ -438,7 +438,7 @@ fn frame_cap_3000_accepted_3001_refused_cleanly() {
     let mut vm = FakeVm::new();
     let o = vm.alloc(1);
     let deep = vec![
-        RawFrame {
+        NamedFrame {
             name: "f",
             filename: "f.rb",
             line: 1

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::fake_vm::FakeVm;
-use crate::stacks::RawFrame;
+use crate::stacks::NamedFrame;
 
 #[test]
 fn thinning_removes_the_dropped_records_from_the_liveness_table() {
@@ -13,7 +13,7 @@ fn thinning_removes_the_dropped_records_from_the_liveness_table() {
     let mut vm = FakeVm::new();
     for i in 0..2_000u32 {
         let object = vm.alloc(40);
-        let site = [RawFrame {
+        let site = [NamedFrame {
             name: "a",
             filename: "a.rb",
             line: (i % 7) as i32,

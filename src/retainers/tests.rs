@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::fake_vm::FakeVm;
-use crate::{AppRoot, GroupBy, HeapRecorder, RawFrame, RecorderOptions, SiteOptions, SortBy};
+use crate::{AppRoot, GroupBy, HeapRecorder, NamedFrame, RecorderOptions, SiteOptions, SortBy};
 
 /// A heap: roots (category, node) and the references of each node.
 #[derive(Default)]
@@ -182,7 +182,7 @@ fn the_time_budget_stops_the_search() {
 
 fn record(rec: &HeapRecorder, vm: &mut FakeVm, file: &str, line: i32, size: usize, class: &str) {
     let object = vm.alloc(size);
-    let frames = [RawFrame {
+    let frames = [NamedFrame {
         name: "make",
         filename: file,
         line,

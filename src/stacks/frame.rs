@@ -1,4 +1,4 @@
-//! The frames of an allocation stack in their two forms, and the stack itself: a [`RawFrame`] is
+//! The frames of an allocation stack in their two forms, and the stack itself: a [`NamedFrame`] is
 //! named (a frame's name and file as text, as the caller hands it in), a [`Frame`] is interned
 //! (ids into the recorder's string storage). A [`Stack`] is a deduplicated run of interned frames.
 //! Nothing here holds a reference in the storage: the heap records do (records.rs).
@@ -26,9 +26,9 @@ impl Hash for Frame {
     }
 }
 
-/// A frame as the caller hands it in, before interning.
+/// A frame named, not yet interned: its name and file as text, as the caller hands it in.
 #[derive(Debug, Clone, Copy)]
-pub struct RawFrame<'a> {
+pub struct NamedFrame<'a> {
     pub name: &'a str,
     pub filename: &'a str,
     pub line: i32,

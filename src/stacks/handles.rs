@@ -1,9 +1,10 @@
 //! What a capture hands in before anything is named: the VM's frame handles, as keys. A
-//! [`FrameKey`] is one frame's handles (for the frame cache), a [`RawStackKey`] a whole stack's
+//! [`FrameKey`] is one frame's handles (for the frame cache), a [`StackHandles`] a whole stack's
 //! (for the stack cache). Equal keys in one epoch (the period the caller's handles are stable in)
 //! must name equal frames; the caches rely on that and on nothing else.
 
-/// One frame's raw identity: equal keys in one epoch must name equal frames.
+/// One frame's handles, its raw identity (nothing named yet): equal keys in one epoch must name
+/// equal frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FrameKey {
     /// The frame handle (a VALUE in the binding).
@@ -18,9 +19,10 @@ pub struct FrameKey {
 /// locate it at), not frame handles.
 pub const LAST_SENTINEL_LOCATOR: u64 = 1;
 
-/// The raw identity of one captured stack. Equal keys in one epoch must resolve to equal frames.
+/// One captured stack's handles, its raw identity (nothing named yet). Equal keys in one epoch
+/// must resolve to equal frames.
 #[derive(Debug, Clone, Copy)]
-pub struct RawStackKey<'a> {
+pub struct StackHandles<'a> {
     /// Opaque frame handles, innermost first (VALUEs in the binding).
     pub frames: &'a [u64],
     /// One line number per handle.
@@ -31,7 +33,7 @@ pub struct RawStackKey<'a> {
     pub epoch: u64,
 }
 
-impl RawStackKey<'_> {
+impl StackHandles<'_> {
     /// The key's two independent 64-bit hashes, `(slot, check)`, in one pass over its frames:
     /// the first picks the set, the second must agree too before a slot matches.
     ///
@@ -90,16 +92,16 @@ impl RawStackKey<'_> {
     }
 }
 
-/// A key with its [`RawStackKey::hashes`], computed once for a lookup and for the insert that
+/// A key with its [`StackHandles::hashes`], computed once for a lookup and for the insert that
 /// follows a miss.
 #[derive(Debug, Clone, Copy)]
 pub struct HashedKey<'a> {
-    pub key: RawStackKey<'a>,
+    pub key: StackHandles<'a>,
     pub(crate) hashes: (u64, u64),
 }
 
-impl<'a> From<RawStackKey<'a>> for HashedKey<'a> {
-    fn from(key: RawStackKey<'a>) -> Self {
+impl<'a> From<StackHandles<'a>> for HashedKey<'a> {
+    fn from(key: StackHandles<'a>) -> Self {
         HashedKey {
             key,
             hashes: key.hashes(),
@@ -109,10 +111,10 @@ impl<'a> From<RawStackKey<'a>> for HashedKey<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::RawStackKey;
+    use super::StackHandles;
 
-    fn raw_key<'a>(frames: &'a [u64], lines: &'a [i32], epoch: u64) -> RawStackKey<'a> {
-        RawStackKey {
+    fn stack_handles<'a>(frames: &'a [u64], lines: &'a [i32], epoch: u64) -> StackHandles<'a> {
+        StackHandles {
             frames,
             lines,
             salt: 400,
@@ -155,7 +157,7 @@ mod tests {
         let mut slots = std::collections::HashSet::new();
         let mut checks = std::collections::HashSet::new();
         for (f, l) in &variants {
-            let (slot, check) = raw_key(f, l, 0).hashes();
+            let (slot, check) = stack_handles(f, l, 0).hashes();
             assert!(slots.insert(slot), "slot hash repeated");
             assert!(checks.insert(check), "check hash repeated");
         }

@@ -1,6 +1,6 @@
 //! Allocation stacks, from capture to heap record. A stack passes through three forms: handles
-//! (the VM's frame handles and lines, as a capture hands them in: [`FrameKey`], [`RawStackKey`]),
-//! named (a frame's name and file as text: [`RawFrame`]) and interned (ids into the string
+//! (the VM's frame handles and lines, as a capture hands them in: [`FrameKey`], [`StackHandles`]),
+//! named (a frame's name and file as text: [`NamedFrame`]) and interned (ids into the string
 //! storage: [`Frame`], and a deduplicated [`Stack`] of them). A [`FrameSource`] gives a recording's
 //! stack in whichever forms it has; the recorder finds or makes its heap record
 //! ([`HeapRecords`]), naming and interning only what the two caches cannot answer:
@@ -21,9 +21,9 @@ pub mod records;
 pub mod source;
 pub mod stack_cache;
 
-pub use frame::{truncation, Frame, RawFrame, Stack};
+pub use frame::{truncation, Frame, NamedFrame, Stack};
 pub use frame_cache::{FrameCache, FRAME_CACHE_MAX_FRAMES};
-pub use handles::{FrameKey, HashedKey, RawStackKey};
+pub use handles::{FrameKey, HashedKey, StackHandles};
 pub use records::{Claims, HeapRecords, MAX_DORMANT_STACKS};
 pub use source::FrameSource;
 pub use stack_cache::{StackCache, STACK_CACHE_SLOTS};

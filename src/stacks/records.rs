@@ -11,7 +11,7 @@ use std::sync::Arc;
 use rustc_hash::FxHasher;
 
 use crate::error::{HeapError, Result, MAX_FRAMES_LIMIT};
-use crate::stacks::frame::{refs_of, Frame, RawFrame, Stack};
+use crate::stacks::frame::{refs_of, Frame, NamedFrame, Stack};
 use crate::stacks::frame_cache::FrameCache;
 use crate::stacks::handles::FrameKey;
 use crate::stacks::source::FrameSource;
@@ -171,7 +171,7 @@ impl HeapRecords {
     pub fn acquire(
         &mut self,
         strings: &mut Batch<'_>,
-        frames: &[RawFrame<'_>],
+        frames: &[NamedFrame<'_>],
     ) -> Result<(Stack, Rc<Claims>)> {
         if frames.len() > MAX_FRAMES_LIMIT {
             return Err(HeapError::TooManyFrames {

@@ -3,10 +3,10 @@
 use super::*;
 use crate::strings::Strings;
 
-fn raw(frames: &[(&'static str, &'static str, i32)]) -> Vec<RawFrame<'static>> {
+fn named(frames: &[(&'static str, &'static str, i32)]) -> Vec<NamedFrame<'static>> {
     frames
         .iter()
-        .map(|&(name, filename, line)| RawFrame {
+        .map(|&(name, filename, line)| NamedFrame {
             name,
             filename,
             line,
@@ -19,7 +19,7 @@ fn equal_stacks_share_one_record() {
     let strings = Strings::new();
     let mut b = strings.lock().unwrap();
     let mut records = HeapRecords::default();
-    let frames = raw(&[("a", "x.rb", 1), ("b", "y.rb", 2)]);
+    let frames = named(&[("a", "x.rb", 1), ("b", "y.rb", 2)]);
     let (s1, _) = records.acquire(&mut b, &frames).unwrap();
     let (s2, _) = records.acquire(&mut b, &frames).unwrap();
     assert!(Arc::ptr_eq(&s1, &s2));
@@ -32,8 +32,12 @@ fn different_lines_are_different_stacks() {
     let strings = Strings::new();
     let mut b = strings.lock().unwrap();
     let mut records = HeapRecords::default();
-    records.acquire(&mut b, &raw(&[("a", "x.rb", 1)])).unwrap();
-    records.acquire(&mut b, &raw(&[("a", "x.rb", 2)])).unwrap();
+    records
+        .acquire(&mut b, &named(&[("a", "x.rb", 1)]))
+        .unwrap();
+    records
+        .acquire(&mut b, &named(&[("a", "x.rb", 2)]))
+        .unwrap();
     assert_eq!(records.len(), 2);
 }
 
@@ -42,7 +46,7 @@ fn last_release_leaves_a_dormant_record_that_the_second_sweep_gives_back() {
     let strings = Strings::new();
     let mut b = strings.lock().unwrap();
     let mut records = HeapRecords::default();
-    let frames = raw(&[("only_here", "only_here.rb", 1)]);
+    let frames = named(&[("only_here", "only_here.rb", 1)]);
     let (s, claims) = records.acquire(&mut b, &frames).unwrap();
     records.acquire(&mut b, &frames).unwrap();
     records.release(&mut b, &s).unwrap();
@@ -72,7 +76,7 @@ fn frame_cap_is_3000() {
     let mut b = strings.lock().unwrap();
     let mut records = HeapRecords::default();
     let frames = vec![
-        RawFrame {
+        NamedFrame {
             name: "f",
             filename: "f.rb",
             line: 1
@@ -96,7 +100,7 @@ fn count_overflow_is_an_error_and_changes_nothing() {
     let strings = Strings::new();
     let mut b = strings.lock().unwrap();
     let mut records = HeapRecords::default();
-    let frames = raw(&[("a", "x.rb", 1)]);
+    let frames = named(&[("a", "x.rb", 1)]);
     let (s, _) = records.acquire(&mut b, &frames).unwrap();
     records.records[&*s].count.set(u32::MAX);
     let err = records.acquire(&mut b, &frames).unwrap_err();

@@ -3,18 +3,18 @@
 //! can answer, so the sampling path names and interns as little as it can.
 
 use crate::error::Result;
-use crate::stacks::frame::{Frame, RawFrame, Stack};
-use crate::stacks::handles::{FrameKey, RawStackKey};
+use crate::stacks::frame::{Frame, NamedFrame, Stack};
+use crate::stacks::handles::{FrameKey, StackHandles};
 
 /// Where a recording's frames come from: a raw key for the stack cache, when the caller has one,
 /// and the named frames, which are only asked for when the cache cannot answer.
 pub trait FrameSource {
     /// The stack's raw identity; `None` when it has none worth caching.
-    fn key(&self) -> Option<RawStackKey<'_>>;
+    fn key(&self) -> Option<StackHandles<'_>>;
 
     /// Names the frames and calls `f` with them, returning what `f` returns. The frames may
     /// borrow from memory that only lives as long as this call.
-    fn with_frames(&self, f: &mut dyn FnMut(&[RawFrame<'_>]) -> Result<Stack>) -> Result<Stack>;
+    fn with_frames(&self, f: &mut dyn FnMut(&[NamedFrame<'_>]) -> Result<Stack>) -> Result<Stack>;
 
     /// Per-frame identities for the frame cache (frame_cache.rs): fills `out` with one key
     /// per kept frame, innermost first, and returns their epoch; `None` (the default) when the
@@ -39,12 +39,12 @@ pub trait FrameSource {
 }
 
 /// Frames already named (`record_allocation` from Ruby, the tests): nothing to cache.
-impl FrameSource for [RawFrame<'_>] {
-    fn key(&self) -> Option<RawStackKey<'_>> {
+impl FrameSource for [NamedFrame<'_>] {
+    fn key(&self) -> Option<StackHandles<'_>> {
         None
     }
 
-    fn with_frames(&self, f: &mut dyn FnMut(&[RawFrame<'_>]) -> Result<Stack>) -> Result<Stack> {
+    fn with_frames(&self, f: &mut dyn FnMut(&[NamedFrame<'_>]) -> Result<Stack>) -> Result<Stack> {
         f(self)
     }
 }

@@ -32,7 +32,7 @@
 use std::rc::Rc;
 
 use crate::stacks::frame::Stack;
-use crate::stacks::handles::{HashedKey, RawStackKey};
+use crate::stacks::handles::{HashedKey, StackHandles};
 use crate::stacks::records::Claims;
 
 /// Slots in a recorder's stack cache (a power of two, at least [`WAYS`]).
@@ -125,7 +125,7 @@ impl StackCache {
     }
 
     /// Whether `key` can be cached at all.
-    fn accepts(&self, key: &RawStackKey<'_>) -> bool {
+    fn accepts(&self, key: &StackHandles<'_>) -> bool {
         self.enabled
             && key.frames.len() == key.lines.len()
             && key.frames.len() <= STACK_CACHE_MAX_KEY_FRAMES
@@ -208,8 +208,8 @@ mod tests {
         )
     }
 
-    fn raw_key<'a>(frames: &'a [u64], lines: &'a [i32], epoch: u64) -> RawStackKey<'a> {
-        RawStackKey {
+    fn stack_handles<'a>(frames: &'a [u64], lines: &'a [i32], epoch: u64) -> StackHandles<'a> {
+        StackHandles {
             frames,
             lines,
             salt: 400,
@@ -218,7 +218,7 @@ mod tests {
     }
 
     fn key<'a>(frames: &'a [u64], lines: &'a [i32], epoch: u64) -> HashedKey<'a> {
-        raw_key(frames, lines, epoch).into()
+        stack_handles(frames, lines, epoch).into()
     }
 
     #[test]
@@ -251,7 +251,7 @@ mod tests {
         assert!(cache.get(&key(&[10, 21], &[1, 2], 5)).is_none());
         assert!(cache.get(&key(&[10], &[1], 5)).is_none());
         assert!(cache.get(&key(&[10, 20, 30], &[1, 2, 0], 5)).is_none());
-        let mut salted = raw_key(&[10, 20], &[1, 2], 5);
+        let mut salted = stack_handles(&[10, 20], &[1, 2], 5);
         salted.salt = 399;
         assert!(cache.get(&salted.into()).is_none());
     }

@@ -2,7 +2,7 @@
 //! of its work. Errors name the argument and show the value (TypeError for a wrong type,
 //! ArgumentError for a bad value).
 
-use datadog_heap_core::{truncation, RawFrame, RecordOutcome};
+use datadog_heap_core::{truncation, NamedFrame, RecordOutcome};
 use magnus::{
     prelude::*, rb_sys::AsRawValue, typed_data::Obj, Error, RArray, RString, Ruby, Value,
 };
@@ -159,9 +159,9 @@ pub fn record_allocation(
             Some(owned_string(s))
         };
         let frames = convert_locations(ruby, locations, session.config.max_frames)?;
-        let raw_frames: Vec<RawFrame> = frames
+        let named_frames: Vec<NamedFrame> = frames
             .iter()
-            .map(|(name, file, line)| RawFrame {
+            .map(|(name, file, line)| NamedFrame {
                 name,
                 filename: file,
                 line: *line,
@@ -173,7 +173,7 @@ pub fn record_allocation(
                 raw as usize,
                 u64::from(weight),
                 class_name.as_deref(),
-                &raw_frames,
+                &named_frames,
                 shims::gc_count(),
             )
             .or_raise(ruby)?;
