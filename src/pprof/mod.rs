@@ -50,7 +50,7 @@ pub use read::{
 };
 pub use summary::{
     diff_sites, diff_sites_with, is_app_frame, library_of, merge_profiles, row_key, short_path,
-    top_sites, top_sites_with, AppRoot, GroupBy, Site, SiteDiff, SiteOptions, SortBy,
+    top_sites, top_sites_with, AppRoot, GroupBy, Place, Site, SiteDiff, SiteOptions, SortBy,
 };
 pub use uncertainty::SIGNIFICANT_SDS;
 

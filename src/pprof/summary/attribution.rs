@@ -1,9 +1,11 @@
 //! Where a stack allocated: the site, the method, the C method called there, the caller in the
 //! application, as the summaries print and group them.
 
+use std::sync::Arc;
+
 use super::super::read::SourceFrame;
 use super::library::{is_app_frame, library_of, AppRoot, APP};
-use super::GroupBy;
+use super::{GroupBy, Place};
 
 /// Where a stack allocated, as the summaries print it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -59,6 +61,20 @@ impl Attribution {
                 site.filename.clone()
             },
             library,
+        }
+    }
+
+    /// The place of a row whose heaviest stack is `frames` (attributed to `self`).
+    pub fn place(&self, frames: Arc<[SourceFrame]>, class: Option<String>, label: String) -> Place {
+        Place {
+            frames,
+            class,
+            label,
+            location: self.location.clone(),
+            function: self.function.clone(),
+            callee: self.callee.clone(),
+            called_from: self.called_from.clone(),
+            library: self.library.clone(),
         }
     }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use super::super::read::{ProfileData, SourceFrame};
 use super::super::uncertainty::{Columns, Known, Values};
 use super::attribution::Attribution;
-use super::{FxMap, GroupBy, SiteOptions};
+use super::{FxMap, GroupBy, Place, SiteOptions};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Side {
@@ -62,12 +62,9 @@ pub(super) struct Group {
     members: Vec<Member>,
 }
 
-/// A group once finished: its heaviest stack picked.
+/// A group once finished: its heaviest stack picked, and its place that stack's.
 pub(super) struct Finished {
-    pub class: Option<String>,
-    pub label: String,
-    pub attribution: Arc<Attribution>,
-    pub frames: Arc<[SourceFrame]>,
+    pub place: Place,
     pub stacks: usize,
     pub sums: [Sums; 2],
 }
@@ -200,10 +197,7 @@ impl<'o> Grouping<'o> {
                     None => (Arc::from(Vec::new()), g.attribution),
                 };
                 Finished {
-                    class: g.class,
-                    label: g.label,
-                    attribution,
-                    frames,
+                    place: attribution.place(frames, g.class, g.label),
                     stacks,
                     sums: g.sums,
                 }

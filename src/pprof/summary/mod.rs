@@ -83,12 +83,14 @@ impl Default for SiteOptions {
     }
 }
 
+/// What a row of a summary stands for and where it allocated: the part of a row that [`Site`]
+/// and [`SiteDiff`] share (both read it through `Deref`: `site.location`). The Ruby extension
+/// converts it field by field, in this order, and names the fields for Ruby.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Site {
-    /// The group's heaviest allocation stack (by the sort key), innermost frame first.
+pub struct Place {
+    /// The group's heaviest allocation stack (by the sort key), innermost frame first; in a
+    /// diff, old and new counted together.
     pub frames: Arc<[SourceFrame]>,
-    /// Distinct stacks in the group.
-    pub stacks: usize,
     /// The allocated class when grouping by site or class; `None` otherwise, or when unknown.
     pub class: Option<String>,
     /// What the row stands for, as printed: `file:line in method[ via callee]` (site),
@@ -106,6 +108,14 @@ pub struct Site {
     pub called_from: Option<String>,
     /// The library of `location`'s file (see [`library_of`]).
     pub library: String,
+}
+
+/// One row of [`top_sites_with`]: a [`Place`] and its live memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Site {
+    pub place: Place,
+    /// Distinct stacks in the group.
+    pub stacks: usize,
     pub live_bytes: i64,
     pub live_objects: i64,
     /// This site's fraction (0.0..=1.0) of the whole profile's total by the sort key; 0.0 when
@@ -123,17 +133,10 @@ pub struct Site {
     pub bytes_stddev: Option<f64>,
 }
 
+/// One row of [`diff_sites_with`]: a [`Place`] and how its live memory changed.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SiteDiff {
-    /// As in [`Site`]; the heaviest stack counts old and new together.
-    pub frames: Arc<[SourceFrame]>,
-    pub class: Option<String>,
-    pub label: String,
-    pub location: String,
-    pub function: String,
-    pub callee: Option<String>,
-    pub called_from: Option<String>,
-    pub library: String,
+    pub place: Place,
     pub old_bytes: i64,
     pub new_bytes: i64,
     pub old_objects: i64,
@@ -155,6 +158,22 @@ pub struct SiteDiff {
     /// its noise: more than [`crate::pprof::SIGNIFICANT_SDS`] standard deviations. `None` when
     /// the standard deviation is unknown.
     pub significant: Option<bool>,
+}
+
+impl std::ops::Deref for Site {
+    type Target = Place;
+
+    fn deref(&self) -> &Place {
+        &self.place
+    }
+}
+
+impl std::ops::Deref for SiteDiff {
+    type Target = Place;
+
+    fn deref(&self) -> &Place {
+        &self.place
+    }
 }
 
 /// What tells the rows of a summary apart: two samples are summed into one row of
@@ -201,8 +220,8 @@ pub fn top_sites_with(profile: &ProfileData, n: usize, options: &SiteOptions) ->
     list.sort_by(|a, b| {
         key(&b.sums[0])
             .cmp(&key(&a.sums[0]))
-            .then_with(|| a.label.cmp(&b.label))
-            .then_with(|| a.class.cmp(&b.class))
+            .then_with(|| a.place.label.cmp(&b.place.label))
+            .then_with(|| a.place.class.cmp(&b.place.class))
     });
     list.truncate(n);
     list.into_iter()
@@ -213,17 +232,9 @@ pub fn top_sites_with(profile: &ProfileData, n: usize, options: &SiteOptions) ->
             } else {
                 0.0
             };
-            let a = g.attribution;
             Site {
-                frames: g.frames,
+                place: g.place,
                 stacks: g.stacks,
-                class: g.class,
-                label: g.label,
-                location: a.location.clone(),
-                function: a.function.clone(),
-                callee: a.callee.clone(),
-                called_from: a.called_from.clone(),
-                library: a.library.clone(),
                 live_bytes: sums.bytes,
                 live_objects: sums.objects,
                 share,
@@ -272,7 +283,6 @@ pub fn diff_sites_with(
         .into_iter()
         .map(|g| {
             let [o, n] = &g.sums;
-            let a = g.attribution;
             let bytes_change = n.bytes.saturating_sub(o.bytes);
             let objects_change = n.objects.saturating_sub(o.objects);
             let change_stddev = |known: bool, old: f64, new: f64| known.then(|| stddev(old + new));
@@ -291,14 +301,7 @@ pub fn diff_sites_with(
                 SortBy::Count => objects_change_stddev.map(|sd| significant(objects_change, sd)),
             };
             SiteDiff {
-                frames: g.frames,
-                class: g.class,
-                label: g.label,
-                location: a.location.clone(),
-                function: a.function.clone(),
-                callee: a.callee.clone(),
-                called_from: a.called_from.clone(),
-                library: a.library.clone(),
+                place: g.place,
                 old_bytes: o.bytes,
                 new_bytes: n.bytes,
                 old_objects: o.objects,
@@ -318,8 +321,8 @@ pub fn diff_sites_with(
     diffs.sort_by(|a, b| {
         (b.bytes_change, b.objects_change)
             .cmp(&(a.bytes_change, a.objects_change))
-            .then_with(|| a.label.cmp(&b.label))
-            .then_with(|| a.class.cmp(&b.class))
+            .then_with(|| a.place.label.cmp(&b.place.label))
+            .then_with(|| a.place.class.cmp(&b.place.class))
     });
     diffs
 }

@@ -407,7 +407,7 @@ fn stacks_with_one_site_are_one_row() {
     let labels = |group, by| -> Vec<(String, i64)> {
         top_sites_with(&p, 10, &grouped(group, by))
             .into_iter()
-            .map(|s| (s.label, s.live_objects))
+            .map(|s| (s.place.label, s.live_objects))
             .collect()
     };
     assert_eq!(
