@@ -9,7 +9,7 @@ use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::ddog::DdogStrings;
-use crate::recorder::{Failure, HeapRecorder, LastUpdate, Lifetime};
+use crate::heap_recorder_port::{Failure, HeapRecorder, LastUpdate, Lifetime};
 use crate::types::{
     CharSlice, DdheapHost, IterationData, LiveObjectData, ManagedStringStorage, SliceLocation,
 };

@@ -1,7 +1,7 @@
 //! The profiler's own string storage, through libdatadog's FFI (`datadog/profiling.h`, v40).
 //! The symbols resolve when the profiling extension links libdatadog.
 
-use crate::recorder::{Failure, Outcome, StringTable};
+use crate::heap_recorder_port::{Failure, Outcome, StringTable};
 use crate::types::{CharSlice, ManagedStringId, ManagedStringStorage};
 
 #[repr(C)]

@@ -4,7 +4,9 @@ use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 
-use crate::recorder::{Failure, HeapRecorder, Outcome, StringTable, MAX_PENDING_RECORDINGS};
+use crate::heap_recorder_port::{
+    Failure, HeapRecorder, Outcome, StringTable, MAX_PENDING_RECORDINGS,
+};
 use crate::types::*;
 
 thread_local! {

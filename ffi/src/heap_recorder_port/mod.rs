@@ -1,7 +1,11 @@
-//! The heap recorder behind heap_recorder.h: heap records (deduplicated stacks of interned frames)
-//! and object records keyed by object id, the deferred pending queue, update/age/stats, and the
-//! snapshot iterated without the GVL. Semantics follow Datadog's heap_recorder.c; the VM comes in
-//! through [`DdheapHost`] and the profiler's strings through [`StringTable`].
+//! A port of Datadog's heap_recorder.c to Rust, the recorder behind heap_recorder.h: heap records
+//! (deduplicated stacks of the profiler's string ids) and object records keyed by object id (or
+//! record id), the deferred pending queue, updates with their ages and gating, the statistics and
+//! their EWMAs, and the snapshot iterated without the GVL. Semantics follow heap_recorder.c, not
+//! datadog_heap's own recorder (`datadog_heap_core::HeapRecorder`), whose update, records and
+//! statistics are its own; of the core it uses only the EWMA step (`stats::ewma`). docs/c-abi.md
+//! says why. The VM comes in through [`DdheapHost`] and the profiler's strings through
+//! [`StringTable`].
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,6 +17,10 @@ use crate::types::{CharSlice, DdheapHost, LiveObjectData, Location, ManagedStrin
 
 mod iteration;
 mod update;
+
+// heap_recorder.c's tuning, kept here under its names even where the core's recorder has the same
+// value (`OLD_AGE`, `MIN_TIME_BETWEEN_UPDATES_NS`, `MAX_PENDING_RECORDINGS`): the port follows the
+// C recorder, and the core's may change for reasons of its own.
 
 /// Objects younger than this many GCs are left out of iterations.
 pub const ITERATION_MIN_AGE: usize = 1;
