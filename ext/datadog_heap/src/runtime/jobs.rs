@@ -1,6 +1,7 @@
-//! The postponed jobs: the commit job (pending recordings reach their WeakMaps) and the young
-//! update job (after GCs). The VM runs them at its next safe point, never inside the allocation
-//! hook, where WeakMap writes are forbidden.
+//! The postponed jobs: the commit job (pending recordings reach their WeakMaps), the young
+//! update job (after GCs) and the window job (the window timer's tick, which `windows` hands to
+//! `init`, so this module does not depend on the timer that depends on it). The VM runs them at
+//! its next safe point, never inside the allocation hook, where WeakMap writes are forbidden.
 //!
 //! Ruby >= 3.3 preregisters each job once and triggers it by handle; older Rubies register it by
 //! function each time (the VM dedups). Either way the request functions are safe inside NEWOBJ
@@ -16,7 +17,7 @@
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use magnus::Ruby;
 
@@ -32,8 +33,13 @@ mod handles {
     pub static WINDOW: AtomicU32 = AtomicU32::new(u32::MAX);
 }
 
-/// Registers the jobs with the VM (Ruby >= 3.3). Needs the GVL; call once at load.
-pub fn init() {
+/// What the window job runs: the window timer's tick (set once by `init`).
+static WINDOW_TICK: OnceLock<fn(&Ruby)> = OnceLock::new();
+
+/// Registers the jobs with the VM (Ruby >= 3.3) and keeps `window_tick`, what the window job
+/// runs. Needs the GVL; call once at load.
+pub fn init(window_tick: fn(&Ruby)) {
+    let _ = WINDOW_TICK.set(window_tick);
     #[cfg(dh_postponed_job_preregister)]
     {
         use std::sync::atomic::Ordering::Relaxed;
@@ -73,12 +79,12 @@ pub fn request_window() {
     register(window_job);
 }
 
-/// The window job: one tick of the window timer (see `windows`). Never raises.
+/// The window job: one tick of the window timer (see `init`). Never raises.
 extern "C" fn window_job(_data: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        if let Ok(ruby) = Ruby::get() {
+        if let (Ok(ruby), Some(tick)) = (Ruby::get(), WINDOW_TICK.get()) {
             let probe = stage_costs::start(Stage::Window);
-            super::windows::tick(&ruby);
+            tick(&ruby);
             probe.end();
         }
     }));

@@ -105,7 +105,9 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     let roots: Obj<Roots> = ruby.obj_wrap_as(Roots, class);
     ruby.gc_register_mark_object(roots);
     with(|r| r.pid = std::process::id());
-    jobs::init();
+    jobs::init(|ruby| {
+        windows::tick(ruby);
+    });
     hooks::init();
     windows::init(ruby);
     crate::shims::init_gc_stat();

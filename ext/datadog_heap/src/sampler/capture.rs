@@ -74,7 +74,7 @@ impl FrameSource for CapturedStack<'_> {
             let path = shims::frame_path(frame);
             namer.write(&mut names, frame, path.is_none());
             let (filename, line) = match self.location(i) {
-                Some((j, line)) => (shims::frame_path(frames[j]).map_or("", string_of), line),
+                Some((j, line)) => (shims::frame_path(frames[j]).map_or("", shims::hook_string), line),
                 None => ("", 0),
             };
             located.push((names.len(), filename, line));
@@ -230,7 +230,7 @@ impl CapturedStack<'_> {
         let mut name = String::with_capacity(32);
         frame_names::FrameNamer::default().write(&mut name, frame, path.is_none());
         let filename = match self.location(i) {
-            Some((j, _)) => shims::frame_path(self.frames[j]).map_or("", string_of),
+            Some((j, _)) => shims::frame_path(self.frames[j]).map_or("", shims::hook_string),
             None => "",
         };
         naming.end();
@@ -240,31 +240,4 @@ impl CapturedStack<'_> {
     pub(crate) fn marker(&self) -> Option<String> {
         self.kept().1
     }
-}
-
-/// Borrows the bytes of a Ruby String the VM keeps alive (frame paths and labels, class names)
-/// for the rest of this hook call. Not UTF-8 → "" (we never allocate to fix it up here).
-#[allow(unsafe_code)] // a String the VM holds for this hook call, see below
-pub(super) fn string_of<'a>(value: VALUE) -> &'a str {
-    // SAFETY: the strings we are given (frame paths and labels, class names) are held by the VM
-    // for at least as long as this hook call, which runs no Ruby code and no GC before the core
-    // has copied them.
-    unsafe { shims::borrow_str(value) }.unwrap_or("")
-}
-
-/// The object's class name without allocating: the class's permanent name, else the nearest
-/// named ancestor, else "Object".
-pub fn class_name_of<'a>(object: VALUE) -> &'a str {
-    let mut class = shims::real_class_of(object);
-    for _ in 0..32 {
-        let Some(c) = class else { break };
-        if let Some(name) = shims::class_path_if_named(c) {
-            let s = string_of(name);
-            if !s.is_empty() && !s.starts_with("#<") {
-                return s;
-            }
-        }
-        class = shims::superclass_of(c);
-    }
-    "Object"
 }

@@ -23,7 +23,6 @@ use std::fmt::Write;
 
 use rb_sys::VALUE;
 
-use super::capture::{class_name_of, string_of};
 use crate::shims;
 
 /// Names the frames of one capture. Remembers the last owner's prefix (`Foo#`, `Foo.`), since
@@ -44,7 +43,7 @@ impl FrameNamer {
         } else {
             shims::frame_label(frame)
         };
-        let name = string_of(name);
+        let name = shims::hook_string(name);
         if let Some(owner) = shims::method_entry_owner(frame) {
             if owner != self.last_owner || self.prefix.is_empty() {
                 self.prefix.clear();
@@ -65,7 +64,7 @@ fn write_prefix(out: &mut String, owner: VALUE) {
             out.push('.');
         }
         Some(object) => {
-            let _ = write!(out, "#<{}:{:#018x}>.", class_name_of(object), object);
+            let _ = write!(out, "#<{}:{:#018x}>.", shims::class_name_of(object), object);
         }
         None => {
             write_module(out, owner);
@@ -77,7 +76,7 @@ fn write_prefix(out: &mut String, owner: VALUE) {
 /// A class's or module's name, or `#<Class:0x...>` / `#<Module:0x...>` (as `inspect` shows it)
 /// for an anonymous one.
 fn write_module(out: &mut String, module: VALUE) {
-    let name = shims::module_name(module).map(string_of).unwrap_or("");
+    let name = shims::module_name(module).map(shims::hook_string).unwrap_or("");
     if !name.is_empty() {
         out.push_str(name);
     } else {

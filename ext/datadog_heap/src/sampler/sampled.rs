@@ -6,7 +6,7 @@ use std::time::Instant;
 use datadog_heap_core::{HeapError, HeapRecorder, RecordOutcome};
 use rb_sys::VALUE;
 
-use super::{capture, CapturedStack, SampleConfig, SamplerState};
+use super::{CapturedStack, SampleConfig, SamplerState};
 use crate::shims;
 use crate::stage_costs::{self, Stage};
 
@@ -63,7 +63,7 @@ pub fn sample(
         epoch: shims::frame_epoch(core.handle_epoch()),
     };
     let hidden = shims::hidden_class_name(object);
-    let class_name = hidden.unwrap_or_else(|| capture::class_name_of(object));
+    let class_name = hidden.unwrap_or_else(|| shims::class_name_of(object));
     let record = stage_costs::start(Stage::Record);
     let recorded = core.record_sampled_allocation(
         object as usize,

@@ -117,6 +117,32 @@ pub unsafe fn borrow_str<'a>(value: VALUE) -> Option<&'a str> {
     std::str::from_utf8(bytes).ok()
 }
 
+/// Borrows the bytes of a Ruby String the VM keeps alive for the rest of the current hook call
+/// (frame paths and labels, class names). Not UTF-8 → "" (nothing is allocated to fix it up).
+pub fn hook_string<'a>(value: VALUE) -> &'a str {
+    // SAFETY: the strings the sampler passes (frame paths and labels, class names) are held by
+    // the VM for at least as long as the hook call, which runs no Ruby code and no GC before the
+    // core has copied them.
+    unsafe { borrow_str(value) }.unwrap_or("")
+}
+
+/// The object's class name without allocating: the class's permanent name, else the nearest
+/// named ancestor, else "Object". For the hook's use (see `hook_string`).
+pub fn class_name_of<'a>(object: VALUE) -> &'a str {
+    let mut class = real_class_of(object);
+    for _ in 0..32 {
+        let Some(c) = class else { break };
+        if let Some(name) = class_path_if_named(c) {
+            let s = hook_string(name);
+            if !s.is_empty() && !s.starts_with("#<") {
+                return s;
+            }
+        }
+        class = superclass_of(c);
+    }
+    "Object"
+}
+
 /// The object's class, singleton classes skipped; `None` for a hidden object. Allocates nothing.
 pub fn real_class_of(object: VALUE) -> Option<VALUE> {
     let api = rb_sys::stable_api::get_default();
