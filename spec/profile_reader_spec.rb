@@ -138,6 +138,33 @@ RSpec.describe DatadogHeap::Profile do
     expect(grown.size).to be > 0
   end
 
+  it "fills Site and SiteDiff by field name from the field lists the extension exports" do
+    site_fields, diff_fields, place = described_class::SITE_FIELDS, described_class::SITE_DIFF_FIELDS,
+      described_class::PLACE_FIELDS
+    expect([site_fields, diff_fields, place]).to all(be_frozen)
+    expect(described_class::Site.members).to eq(site_fields)
+    expect(described_class::SiteDiff.members).to eq(diff_fields)
+    expect(described_class::SiteTrend.members.first(place.size)).to eq(place)
+    expect([site_fields & place, diff_fields & place]).to all(eq(place))
+    # The members keep the order they had when the Structs spelled them (to_a, deconstruct).
+    expect(site_fields.values_at(0..6, -4..-1)).to eq(%i[locations class_name location live_bytes live_objects share
+      median_gen_age stacks samples objects_stddev bytes_stddev])
+    expect(diff_fields.values_at(3..10, -5..-1)).to eq(%i[old_bytes new_bytes old_objects new_objects bytes_change
+      objects_change bytes_relative objects_relative old_samples new_samples bytes_change_stddev objects_change_stddev
+      significant])
+
+    profile = described_class.parse(@rec.profile)
+    rows = profile.send(:_native_top, 10, "size", "site", ["/app"])
+    expect(rows.map(&:keys)).to all(eq(site_fields))
+    expect(profile.send(:_native_diff, profile, "size", "site", []).map(&:keys)).to all(eq(diff_fields))
+    # Each member comes from its own key, whatever the order of the extension's Hash.
+    allow(profile).to receive(:_native_top).and_return(rows.map { |row| row.to_a.reverse.to_h })
+    expect(profile.top(10, app_root: "/app").map(&:to_h)).to eq(rows)
+    expect(profile.top(10, app_root: "/app").first.label).to eq("/app/leaky_cache.rb:17 in LeakyCache#remember")
+    allow(profile).to receive(:_native_top).and_return([rows[0].reject { |key, _| key == :library }])
+    expect { profile.top(10) }.to raise_error(KeyError, /library/)
+  end
+
   it "groups sites by location, file, gem or class" do
     profile = described_class.parse(@rec.profile)
     by_gem = profile.top(10, group: :gem, app_root: Pathname("/app"))

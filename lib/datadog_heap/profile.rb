@@ -41,8 +41,12 @@ module DatadogHeap
     # `bytes_stddev` are one standard deviation of their sampling error (a sample of weight w adds
     # w(w-1) to the variance of live_objects, w(w-1)·size² to that of live_bytes); all three are
     # nil for a profile that does not carry them (see #uncertainty?).
-    Site = Struct.new(:locations, :class_name, :location, :live_bytes, :live_objects, :share, :median_gen_age,
-      :label, :function, :callee, :called_from, :library, :stacks, :samples, :objects_stddev, :bytes_stddev) do
+    #
+    # The members, in order, are SITE_FIELDS, which the extension sets from its list of the fields
+    # it gives a site; SiteDiff's are SITE_DIFF_FIELDS, and SiteTrend starts with PLACE_FIELDS (the
+    # fields that say what a row stands for, from locations to library). A field added there
+    # appears in the Struct; #top and #diff fill each member by its name.
+    Site = Struct.new(*SITE_FIELDS) do
       # Whether the estimates rest on fewer than ROUGH_SAMPLES sampled objects: one sample of
       # weight 14824 says "about 14824 objects, give or take as many". Rows of objects recorded
       # with weight 1 (exact) and rows of profiles without counts are not rough.
@@ -59,9 +63,7 @@ module DatadogHeap
     # standard deviation of each change's sampling error (both sides' variances summed);
     # `significant` whether the change (in bytes, in objects when a profile has no sizes) exceeds
     # SIGNIFICANT_SDS of them. Those are nil when a profile does not carry its variances.
-    SiteDiff = Struct.new(:locations, :class_name, :location, :old_bytes, :new_bytes, :old_objects, :new_objects,
-      :bytes_change, :objects_change, :bytes_relative, :objects_relative, :label, :function, :callee, :called_from,
-      :library, :old_samples, :new_samples, :bytes_change_stddev, :objects_change_stddev, :significant)
+    SiteDiff = Struct.new(*SITE_DIFF_FIELDS)
 
     # A site (or group) over a series of profiles (Profile.trend), with the fields of Site that
     # describe it. `times` are seconds since the first profile's end, `bytes` and `objects` the
@@ -75,9 +77,8 @@ module DatadogHeap
     # (a Symbol) and `note` (its text) say why a fit that rose or fell reads :steady (few samples,
     # a single step, back where it started), or are nil. Empty profiles before the first with live
     # objects are left out of the series.
-    SiteTrend = Struct.new(:locations, :class_name, :location, :label, :function, :callee, :called_from, :library,
-      :times, :bytes, :objects, :stddevs, :slope, :stderr, :confidence, :relative, :verdict, :unit, :intercept,
-      :samples, :reason, :note)
+    SiteTrend = Struct.new(*PLACE_FIELDS, :times, :bytes, :objects, :stddevs, :slope, :stderr, :confidence, :relative,
+      :verdict, :unit, :intercept, :samples, :reason, :note)
 
     # A row resting on fewer sampled objects than this is rough (Site#rough?).
     ROUGH_SAMPLES = 5
@@ -341,7 +342,7 @@ module DatadogHeap
       end
 
       group, roots = grouping(options)
-      _native_top(n, sizes? && by == :size ? "size" : "count", group, roots).map { |row| Site.new(*row) }
+      structs(Site, _native_top(n, sizes? && by == :size ? "size" : "count", group, roots))
     end
 
     # #top's sites, each with the `retained by` labels of its samples summed, the most bytes first:
@@ -369,7 +370,7 @@ module DatadogHeap
       Validate.known_keys!("#{Profile}#diff", options, DIFF_KEYWORDS)
       group, roots = grouping(options)
       by = sizes? && other.sizes? ? "size" : "count"
-      _native_diff(other, by, group, roots).map { |row| SiteDiff.new(*row) }
+      structs(SiteDiff, _native_diff(other, by, group, roots))
     end
 
     # Its source (path, string or sum), sample count and sample types in one line.
@@ -390,6 +391,13 @@ module DatadogHeap
       @path = @paths.first if count == 1
       @count = count
       @info = _native_info.freeze
+    end
+
+    # A `struct` (Site or SiteDiff) for each of `rows`, the extension's Hashes: each member
+    # filled from the value under its name (KeyError if the extension left one out).
+    def structs(struct, rows)
+      members = struct.members
+      rows.map { |row| struct.new(*row.fetch_values(*members)) }
     end
 
     # [group name, app root directories] from the options of #top and #diff.

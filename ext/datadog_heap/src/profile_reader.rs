@@ -6,6 +6,10 @@
 //! plain Ruby data (Arrays, Hashes, Strings, Integers, Floats); lib/datadog_heap/profile.rb turns
 //! them into Structs and holds the keyword arguments and validation.
 //!
+//! A site row's fields are declared once, here ([`SITE`], [`SITE_DIFF`], [`PLACE`]): each row is
+//! a Hash from field name to value, and the lists of names are exported as
+//! `Profile::SITE_FIELDS`, `SITE_DIFF_FIELDS` and `PLACE_FIELDS`, which the Structs are made of.
+//!
 //! All natives run with the GVL, may allocate and may raise (`DatadogHeap::Error` for a profile
 //! that does not decode, would take more memory than `DATADOG_HEAP_MAX_PROFILE_BYTES` to read, or
 //! cannot be summed with others, `ArgumentError` for a bad sort key or grouping or a limit that is
@@ -13,15 +17,17 @@
 //! allocation hook or a GC callback.
 
 use std::collections::HashMap;
+use std::ops::Deref;
 use std::sync::Arc;
 
 use datadog_heap_core::{
-    diff_sites_with, library_of, merge_profiles, read_profile, short_path, top_sites_with, AppRoot,
-    GroupBy, ProfileData, SampleType, SiteOptions, SortBy, SourceFrame,
+    diff_sites_with, library_of, merge_profiles, pprof::Place, read_profile, short_path,
+    top_sites_with, AppRoot, GroupBy, ProfileData, SampleType, Site, SiteDiff, SiteOptions, SortBy,
+    SourceFrame,
 };
 use magnus::{
     function, method, prelude::*, typed_data::Obj, value::ReprValue, DataTypeFunctions, Error,
-    IntoValue, RArray, RClass, RHash, RModule, RString, Ruby, TypedData,
+    IntoValue, RArray, RClass, RHash, RModule, RString, Ruby, StaticSymbol, TypedData, Value,
 };
 
 use crate::errors::{arg_error, heap_error, OrRaise};
@@ -98,6 +104,142 @@ impl StackArrays {
         self.keep.push(array)?;
         Ok(array)
     }
+}
+
+/// A field of the core's [`Place`] (what a row stands for and where it allocated), as Ruby
+/// names it. [`PLACE`] lists them in the order `DatadogHeap::Profile::PLACE_FIELDS` exports.
+#[derive(Clone, Copy)]
+enum PlaceField {
+    /// The heaviest stack: `[[name, path, line], ...]`, innermost first, frozen.
+    Locations,
+    ClassName,
+    Location,
+    Label,
+    Function,
+    Callee,
+    CalledFrom,
+    Library,
+}
+
+/// Every [`PlaceField`], in the order Ruby's rows that have no measures of their own take them
+/// (`Profile::SiteTrend` starts with them).
+const PLACE: &[PlaceField] = &[
+    PlaceField::Locations,
+    PlaceField::ClassName,
+    PlaceField::Location,
+    PlaceField::Label,
+    PlaceField::Function,
+    PlaceField::Callee,
+    PlaceField::CalledFrom,
+    PlaceField::Library,
+];
+
+impl PlaceField {
+    fn name(self) -> &'static str {
+        match self {
+            PlaceField::Locations => "locations",
+            PlaceField::ClassName => "class_name",
+            PlaceField::Location => "location",
+            PlaceField::Label => "label",
+            PlaceField::Function => "function",
+            PlaceField::Callee => "callee",
+            PlaceField::CalledFrom => "called_from",
+            PlaceField::Library => "library",
+        }
+    }
+
+    fn value(self, ruby: &Ruby, stacks: &mut StackArrays, place: &Place) -> Result<Value, Error> {
+        Ok(match self {
+            PlaceField::Locations => stacks.get(ruby, &place.frames)?.as_value(),
+            PlaceField::ClassName => place.class.as_deref().into_value_with(ruby),
+            PlaceField::Location => place.location.as_str().into_value_with(ruby),
+            PlaceField::Label => place.label.as_str().into_value_with(ruby),
+            PlaceField::Function => place.function.as_str().into_value_with(ruby),
+            PlaceField::Callee => place.callee.as_deref().into_value_with(ruby),
+            PlaceField::CalledFrom => place.called_from.as_deref().into_value_with(ruby),
+            PlaceField::Library => place.library.as_str().into_value_with(ruby),
+        })
+    }
+}
+
+/// One field of a row as Ruby sees it: a field of the row's [`Place`], or one of its own
+/// measures (its Ruby name and how to read it).
+enum Field<R> {
+    Place(PlaceField),
+    Own(&'static str, fn(&Ruby, &R) -> Value),
+}
+
+impl<R> Field<R> {
+    fn name(&self) -> &'static str {
+        match self {
+            Field::Place(f) => f.name(),
+            Field::Own(name, _) => name,
+        }
+    }
+}
+
+/// A row's fields, in order, from runs of place fields (`place(Label, ...)`: [`PlaceField`]s)
+/// and of the row's own (`own(live_bytes, ...)`: each read as `row.live_bytes`, named so).
+macro_rules! fields {
+    ($row:ty: $($kind:ident($($field:ident),+)),+ $(,)?) => {
+        &[$($(fields!(@$kind $row, $field)),+),+]
+    };
+    (@place $row:ty, $field:ident) => {
+        Field::Place(PlaceField::$field)
+    };
+    (@own $row:ty, $field:ident) => {
+        Field::Own(stringify!($field), |ruby, row: &$row| row.$field.into_value_with(ruby))
+    };
+}
+
+/// The fields of a core [`Site`] as `Profile#top` gives them to Ruby, in the order of
+/// `Profile::Site`'s members (`Profile::SITE_FIELDS`). A field added here reaches the Struct.
+static SITE: &[Field<Site>] = fields![Site:
+    place(Locations, ClassName, Location),
+    own(live_bytes, live_objects, share, median_gen_age),
+    place(Label, Function, Callee, CalledFrom, Library),
+    own(stacks, samples, objects_stddev, bytes_stddev),
+];
+
+/// The fields of a core [`SiteDiff`] as `Profile#diff` gives them to Ruby, in the order of
+/// `Profile::SiteDiff`'s members (`Profile::SITE_DIFF_FIELDS`).
+static SITE_DIFF: &[Field<SiteDiff>] = fields![SiteDiff:
+    place(Locations, ClassName, Location),
+    own(old_bytes, new_bytes, old_objects, new_objects, bytes_change, objects_change),
+    own(bytes_relative, objects_relative),
+    place(Label, Function, Callee, CalledFrom, Library),
+    own(old_samples, new_samples, bytes_change_stddev, objects_change_stddev, significant),
+];
+
+/// `items` as Ruby rows: one Hash each, from the Symbol of each of `fields` to its value, in
+/// that order. Rows sharing a stack share one frozen locations array.
+fn rows<R: Deref<Target = Place>>(
+    ruby: &Ruby,
+    fields: &[Field<R>],
+    items: &[R],
+) -> Result<RArray, Error> {
+    let keys: Vec<StaticSymbol> = fields.iter().map(|f| ruby.sym_new(f.name())).collect();
+    let mut stacks = StackArrays::new(ruby);
+    let out = ruby.ary_new_capa(items.len());
+    for item in items {
+        let row = ruby.hash_new();
+        for (field, &key) in fields.iter().zip(&keys) {
+            let value = match field {
+                Field::Place(f) => f.value(ruby, &mut stacks, item)?,
+                Field::Own(_, read) => read(ruby, item),
+            };
+            row.aset(key, value)?;
+        }
+        out.push(row)?;
+    }
+    Ok(out)
+}
+
+/// The Ruby names of `names`, as a frozen Array of Symbols.
+fn field_names(ruby: &Ruby, names: impl Iterator<Item = &'static str>) -> RArray {
+    let list = ruby.ary_from_iter(names.map(|name| ruby.sym_new(name)));
+    list.freeze();
+    list
 }
 
 fn value_type(ruby: &Ruby, t: &SampleType) -> RArray {
@@ -255,10 +397,8 @@ impl Profile {
         })
     }
 
-    /// `_native_top(n, by, group, app_root)` (see [`site_options`]) -> `[[locations, class_name,
-    /// location, live_bytes, live_objects, share, median_gen_age, label, function, callee,
-    /// called_from, library, stacks, samples, objects_stddev, bytes_stddev], ...]`, largest first
-    /// (the last three nil when the profile does not carry them).
+    /// `_native_top(n, by, group, app_root)` (see [`site_options`]) -> `[{field => value}, ...]`,
+    /// largest first: one Hash a site, keyed by the Symbols of `SITE_FIELDS` (see [`SITE`]).
     fn top(
         ruby: &Ruby,
         rb_self: &Self,
@@ -269,31 +409,7 @@ impl Profile {
     ) -> Result<RArray, Error> {
         guarded(ruby, || {
             let options = site_options(ruby, &by, &group, app_root)?;
-            let sites = top_sites_with(&rb_self.data, n, &options);
-            let mut stacks = StackArrays::new(ruby);
-            let out = ruby.ary_new_capa(sites.len());
-            for site in &sites {
-                let row = ruby.ary_new_from_values(&[
-                    stacks.get(ruby, &site.frames)?.as_value(),
-                    site.class.as_deref().into_value_with(ruby),
-                    ruby.str_new(&site.location).as_value(),
-                    site.live_bytes.into_value_with(ruby),
-                    site.live_objects.into_value_with(ruby),
-                    site.share.into_value_with(ruby),
-                    site.median_gen_age.into_value_with(ruby),
-                    ruby.str_new(&site.label).as_value(),
-                    ruby.str_new(&site.function).as_value(),
-                    site.callee.as_deref().into_value_with(ruby),
-                    site.called_from.as_deref().into_value_with(ruby),
-                    ruby.str_new(&site.library).as_value(),
-                    site.stacks.into_value_with(ruby),
-                    site.samples.into_value_with(ruby),
-                    site.objects_stddev.into_value_with(ruby),
-                    site.bytes_stddev.into_value_with(ruby),
-                ]);
-                out.push(row)?;
-            }
-            Ok(out)
+            rows(ruby, SITE, &top_sites_with(&rb_self.data, n, &options))
         })
     }
 
@@ -328,12 +444,9 @@ impl Profile {
     }
 
     /// `_native_diff(other, by, group, app_root)` -> every group of either profile, from `self`
-    /// (old) to `other` (new), largest growth in live bytes first: `[[locations, class_name,
-    /// location, old_bytes, new_bytes, old_objects, new_objects, bytes_change, objects_change,
-    /// bytes_relative, objects_relative, label, function, callee, called_from, library,
-    /// old_samples, new_samples, bytes_change_stddev, objects_change_stddev, significant], ...]`
-    /// (relative changes are nil when the old value is 0; `by` picks each group's heaviest stack
-    /// and the measure `significant` judges; the last five are nil when a profile lacks them).
+    /// (old) to `other` (new), largest growth in live bytes first: one Hash a group, keyed by the
+    /// Symbols of `SITE_DIFF_FIELDS` (see [`SITE_DIFF`]). `by` picks each group's heaviest stack
+    /// and the measure `significant` judges.
     fn diff(
         ruby: &Ruby,
         rb_self: &Self,
@@ -344,36 +457,11 @@ impl Profile {
     ) -> Result<RArray, Error> {
         guarded(ruby, || {
             let options = site_options(ruby, &by, &group, app_root)?;
-            let diffs = diff_sites_with(&rb_self.data, &other.data, &options);
-            let mut stacks = StackArrays::new(ruby);
-            let out = ruby.ary_new_capa(diffs.len());
-            for d in &diffs {
-                let row = ruby.ary_new_from_values(&[
-                    stacks.get(ruby, &d.frames)?.as_value(),
-                    d.class.as_deref().into_value_with(ruby),
-                    ruby.str_new(&d.location).as_value(),
-                    d.old_bytes.into_value_with(ruby),
-                    d.new_bytes.into_value_with(ruby),
-                    d.old_objects.into_value_with(ruby),
-                    d.new_objects.into_value_with(ruby),
-                    d.bytes_change.into_value_with(ruby),
-                    d.objects_change.into_value_with(ruby),
-                    d.bytes_relative.into_value_with(ruby),
-                    d.objects_relative.into_value_with(ruby),
-                    ruby.str_new(&d.label).as_value(),
-                    ruby.str_new(&d.function).as_value(),
-                    d.callee.as_deref().into_value_with(ruby),
-                    d.called_from.as_deref().into_value_with(ruby),
-                    ruby.str_new(&d.library).as_value(),
-                    d.old_samples.into_value_with(ruby),
-                    d.new_samples.into_value_with(ruby),
-                    d.bytes_change_stddev.into_value_with(ruby),
-                    d.objects_change_stddev.into_value_with(ruby),
-                    d.significant.into_value_with(ruby),
-                ]);
-                out.push(row)?;
-            }
-            Ok(out)
+            rows(
+                ruby,
+                SITE_DIFF,
+                &diff_sites_with(&rb_self.data, &other.data, &options),
+            )
         })
     }
 }
@@ -403,5 +491,18 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     class.define_method("_native_top", method!(Profile::top, 4))?;
     class.define_method("_native_retained_by", method!(Profile::retained_by, 4))?;
     class.define_method("_native_diff", method!(Profile::diff, 4))?;
+    // The rows' shapes, for lib/datadog_heap/profile.rb's Structs.
+    class.const_set(
+        "PLACE_FIELDS",
+        field_names(ruby, PLACE.iter().map(|f| f.name())),
+    )?;
+    class.const_set(
+        "SITE_FIELDS",
+        field_names(ruby, SITE.iter().map(Field::name)),
+    )?;
+    class.const_set(
+        "SITE_DIFF_FIELDS",
+        field_names(ruby, SITE_DIFF.iter().map(Field::name)),
+    )?;
     Ok(())
 }
