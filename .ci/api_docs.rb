@@ -11,7 +11,7 @@
 #   the extension adds without a `:method:` comment fails too.
 #
 # The rows (Structs) have no methods of their own to document: their comment must name every
-# member. DatadogHeap::Testing must say it is for tests only. The Railtie's comment must show
+# member (as the loaded Struct has them; with --static, as the source lists them). DatadogHeap::Testing must say it is for tests only. The Railtie's comment must show
 # every setting as `config.datadog_heap.NAME` (loaded when Rails is installed; else its settings
 # are read from the source).
 #
@@ -75,7 +75,10 @@ module ApiDocs
     constant = owner&.constants&.find { |c| c.name == const }
     return nil unless constant
 
-    members = constant.value.to_s.scan(/:(\w+)/).flatten
+    # The members as the loaded Struct has them (some come from the extension's field lists),
+    # else as the source names them.
+    loaded = resolve(name)
+    members = loaded.is_a?(Class) && loaded < Struct ? loaded.members.map(&:to_s) : constant.value.to_s.scan(/:(\w+)/).flatten
     [text(constant.comment), members]
   end
 
@@ -211,7 +214,6 @@ module ApiDocs
       end
     end
     store = rdoc_store(lib)
-    problems = static_problems(store, lib)
     unless static
       $LOAD_PATH.unshift(lib)
       begin
@@ -221,8 +223,9 @@ module ApiDocs
       end
       REQUIRES.each { |f| require f }
       require "datadog_heap/railtie" if defined?(::Rails::Railtie)
-      problems += runtime_problems(store)
     end
+    problems = static_problems(store, lib)
+    problems += runtime_problems(store) unless static
     problems += railtie_problems(store, lib)
     problems.uniq!
     if problems.empty?

@@ -122,13 +122,13 @@ RSpec.describe "the API reference check (.ci/api_docs.rb)" do
     expect(code).to eq(1)
     expect(err).to include("DatadogHeap::Profile#top: no comment",
       "DatadogHeap::Railtie: setting config.datadog_heap.interval is not in the class comment",
-      "DatadogHeap::Testing: the comment must say it is for tests only",
-      "DatadogHeap::Profile::Site: the comment does not describe median_gen_age")
-    # RDoc alone cannot see a method the extension defines: the loaded gem can.
+      "DatadogHeap::Testing: the comment must say it is for tests only")
+    # RDoc alone cannot see a method the extension defines, nor Site's members (the extension
+    # lists them): the loaded gem can.
     expect(err).not_to include("Recorder#stats")
     _, err, code = check(lib)
     expect(code).to eq(1)
     expect(err).to include("DatadogHeap::Recorder#stats: defined by the extension, no RDoc comment",
-      "DatadogHeap::Profile#top: defined at ")
+      "DatadogHeap::Profile#top: defined at ", "DatadogHeap::Profile::Site: the comment does not describe median_gen_age")
   end
 end
