@@ -53,6 +53,23 @@ module RbsRuntimeCheck
 end
 RBS::Test::Tester::MethodCallTester.prepend(RbsRuntimeCheck::SkipRejected)
 
+module RbsRuntimeCheck
+  # RBS hooks a method with alias_method in its class. Where a module of the gem prepended to
+  # the class overrides the method (Recorder's RetainerSearch and RssLimit), alias_method finds
+  # the module's method, and the hook, calling it, would come back to itself through `super`
+  # forever. So the hook goes on the module's method instead: the same checks, against the
+  # class's signature, at the method callers reach.
+  module HookPrepended
+    def hook_instance_method(klass, method, key:)
+      owner = klass.instance_method(method).owner
+      ancestors = klass.ancestors
+      klass = owner if owner != klass && ancestors.index(owner) < ancestors.index(klass)
+      super(klass, method, key: key)
+    end
+  end
+end
+RBS::Test::Hook.singleton_class.prepend(RbsRuntimeCheck::HookPrepended)
+
 at_exit do
   checked = RbsRuntimeCheck::CHECKED
   warn format("RBS runtime check: %d calls of %d signed methods checked against sig/ (%d more past the first %d " \
