@@ -50,8 +50,7 @@ pub use retainers::{
 pub use stacks::{
     truncation, Frame, FrameKey, FrameSource, NamedFrame, Stack, StackHandles, STACK_CACHE_SLOTS,
 };
-/// The old names of [`NamedFrame`] and [`StackHandles`], which src/pprof/tests and the binding's
-/// sampler/capture.rs still use; new code uses the new ones.
-pub use stacks::{NamedFrame as RawFrame, StackHandles as RawStackKey};
+/// The old name of [`NamedFrame`], which src/pprof/tests still uses; new code uses the new one.
+pub use stacks::NamedFrame as RawFrame;
 pub use stats::{StatValue, Stats};
 pub use vm::{LiveInfo, ObjectRef, Probe, Vm, WalkVisitor};

@@ -2,7 +2,9 @@
 //! when the session's stack cache does not know them already (`frame_names` says how), and the
 //! allocated object's class name. Runs inside the NEWOBJ hook: no Ruby allocation, no raise, no Ruby call.
 
-use datadog_heap_core::{truncation, Frame, FrameKey, FrameSource, RawFrame, RawStackKey, Stack};
+use datadog_heap_core::{
+    truncation, Frame, FrameKey, FrameSource, NamedFrame, Stack, StackHandles,
+};
 use rb_sys::VALUE;
 
 use super::frame_names;
@@ -29,8 +31,8 @@ impl FrameSource for CapturedStack<'_> {
     /// `VALUE` is a 64-bit integer here, as the key's handles are. Naming depends on the whole
     /// capture (a C frame takes the location of the Ruby frame below it; truncation counts the
     /// frames dropped) and on `max_frames` (the salt); the key holds all of it.
-    fn key(&self) -> Option<RawStackKey<'_>> {
-        Some(RawStackKey {
+    fn key(&self) -> Option<StackHandles<'_>> {
+        Some(StackHandles {
             frames: self.frames,
             lines: self.lines,
             salt: self.max_frames as u64,
@@ -59,7 +61,7 @@ impl FrameSource for CapturedStack<'_> {
     /// marker (Rust allocator).
     fn with_frames(
         &self,
-        f: &mut dyn FnMut(&[RawFrame<'_>]) -> datadog_heap_core::Result<Stack>,
+        f: &mut dyn FnMut(&[NamedFrame<'_>]) -> datadog_heap_core::Result<Stack>,
     ) -> datadog_heap_core::Result<Stack> {
         let naming = stage_costs::start(Stage::Naming);
         let (frames, lines) = (self.frames, self.lines);
@@ -79,10 +81,10 @@ impl FrameSource for CapturedStack<'_> {
             };
             located.push((names.len(), filename, line));
         }
-        let mut raw: Vec<RawFrame> = Vec::with_capacity(keep + 1);
+        let mut named: Vec<NamedFrame> = Vec::with_capacity(keep + 1);
         let mut start = 0;
         for &(end, filename, line) in &located {
-            raw.push(RawFrame {
+            named.push(NamedFrame {
                 name: names.get(start..end).unwrap_or(""),
                 filename,
                 line,
@@ -90,14 +92,14 @@ impl FrameSource for CapturedStack<'_> {
             start = end;
         }
         if let Some(marker) = &marker {
-            raw.push(RawFrame {
+            named.push(NamedFrame {
                 name: marker,
                 filename: "",
                 line: 0,
             });
         }
         naming.end();
-        f(&raw)
+        f(&named)
     }
 }
 
