@@ -31,11 +31,7 @@ static BUSY: GvlCell<Vec<Busy>> = GvlCell::new(Vec::new());
 /// parent's count, as it inherits the VM's counter).
 static OWN_ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
-#[allow(unsafe_code)] // GVL-guarded state, see below
-fn with<R>(f: impl FnOnce(&mut Vec<Busy>) -> R) -> R {
-    // SAFETY: every caller holds the GVL (module contract) and the closures below make no VM call.
-    unsafe { BUSY.with(f) }
-}
+crate::gvl_guarded!(fn with over BUSY: Vec<Busy>);
 
 /// Yields to the block with this thread busy: its allocations there are the gem's own work (a
 /// profile written, an endpoint's answer), never samples of the program. GVL held; runs Ruby

@@ -72,13 +72,8 @@ static RUNTIME: GvlCell<Runtime> = GvlCell::new(Runtime {
     pid: 0,
 });
 
-/// Runs `f` on the runtime. GVL held; `f` makes no VM call (see `GvlCell::with`).
-#[allow(unsafe_code)] // GVL-guarded state, see below
-fn with<R>(f: impl FnOnce(&mut Runtime) -> R) -> R {
-    // SAFETY: every caller holds the GVL (runtime contract) and `f`, always a closure of this
-    // module, calls nothing that could allocate a Ruby object, release the GVL or re-enter.
-    unsafe { RUNTIME.with(f) }
-}
+// Runs `f` on the runtime. GVL held; `f`, always a closure of this module, makes no VM call.
+crate::gvl_guarded!(fn with over RUNTIME: Runtime);
 
 /// The GC root: an object made once at load, registered with the VM, whose mark function marks
 /// what every listed session holds (not its owner: see the module docs). Not write-barrier protected, so the VM calls `mark` at

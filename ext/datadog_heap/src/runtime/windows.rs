@@ -366,11 +366,7 @@ mod native {
 
     static TIMER: GvlCell<Option<Timer>> = GvlCell::new(None);
 
-    #[allow(unsafe_code)] // GVL-guarded state, see below
-    fn with<R>(f: impl FnOnce(&mut Option<Timer>) -> R) -> R {
-        // SAFETY: every caller holds the GVL (module contract); the closures make no VM call.
-        unsafe { TIMER.with(f) }
-    }
+    crate::gvl_guarded!(fn with over TIMER: Option<Timer>);
 
     fn run(shared: Arc<Shared>) {
         let Ok(mut rate) = shared.rate.lock() else {

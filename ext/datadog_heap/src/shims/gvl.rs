@@ -139,3 +139,20 @@ impl<T> GvlCell<T> {
         f(unsafe { &mut *self.0.get() })
     }
 }
+
+/// Defines `fn NAME<R>(f: impl FnOnce(&mut T) -> R) -> R` over the `GvlCell<T>` `CELL`, for a
+/// module whose every caller holds the GVL and whose closures make no VM call, as its docs state:
+/// the one place where that contract meets `GvlCell::with`, so no module writes it out again.
+///
+/// `crate::gvl_guarded!(fn with over RUNTIME: Runtime);`
+#[macro_export]
+macro_rules! gvl_guarded {
+    ($vis:vis fn $name:ident over $cell:path : $t:ty) => {
+        #[allow(unsafe_code)] // the calling module's contract, see `gvl_guarded`'s docs
+        $vis fn $name<R>(f: impl FnOnce(&mut $t) -> R) -> R {
+            // SAFETY: every caller holds the GVL and `f` makes no call that could release it,
+            // allocate a Ruby object or re-enter (the calling module's contract).
+            unsafe { $cell.with(f) }
+        }
+    };
+}
