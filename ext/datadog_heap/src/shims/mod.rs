@@ -1,9 +1,12 @@
 //! Raw C API calls, each behind a small safe function with its contract, by concern: the GVL
 //! (`gvl`), event hooks and postponed jobs (`hooks`), method calls (`call`), the GC (`gc`),
-//! objects and classes (`class`), frames (`frames`), the VM's reference walk (`objspace`), the OS
-//! clocks (`clock`), and the timer's signal (`signal`).
-//! This is the only module that calls rb-sys or writes `unsafe` code; every other module of the
-//! crate is compiled with `#![deny(unsafe_code)]` (see lib.rs).
+//! objects and classes (`class`, the hook's borrowed strings and class names among them), frames
+//! (`frames`), the VM's reference walk (`objspace`), the OS clocks (`clock`), and the timer's
+//! signal (`signal`).
+//! This is the module that calls rb-sys and writes `unsafe` code; every other module of the crate
+//! is compiled with `#![deny(unsafe_code)]` (see lib.rs), except for a few items that turn a raw
+//! VALUE the VM keeps alive into a `Value` or declare a GVL-bound type `Send`, each with an
+//! `allow` and its SAFETY argument, and the GVL-guarded cells declared with `gvl_guarded!`.
 
 mod call;
 mod class;
