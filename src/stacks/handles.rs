@@ -92,8 +92,8 @@ impl StackHandles<'_> {
     }
 }
 
-/// A key with its [`StackHandles::hashes`], computed once for a lookup and for the insert that
-/// follows a miss.
+/// A key with its two hashes (`StackHandles::hashes`), computed once for a lookup and for the
+/// insert that follows a miss.
 #[derive(Debug, Clone, Copy)]
 pub struct HashedKey<'a> {
     pub key: StackHandles<'a>,

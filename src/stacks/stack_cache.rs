@@ -35,7 +35,7 @@ use crate::stacks::frame::Stack;
 use crate::stacks::handles::{HashedKey, StackHandles};
 use crate::stacks::records::Claims;
 
-/// Slots in a recorder's stack cache (a power of two, at least [`WAYS`]).
+/// Slots in a recorder's stack cache (a power of two, at least one set of `WAYS`).
 pub const STACK_CACHE_SLOTS: usize = 1024;
 
 /// Slots per set.
