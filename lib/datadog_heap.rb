@@ -23,29 +23,6 @@ module DatadogHeap
       "which tracks live objects); avoid GC.compact or use Ruby >= 3.1.4 / >= 3.2.3"
   end
 
-  # Brings the recorders into a forked child (Process.fork, Kernel#fork and IO.popen with "-" go
-  # through Process._fork on Ruby >= 3.1; Process.daemon is hooked on its own). Nothing needs
-  # doing before a fork: no lock of ours is ever held by a thread that is not running Ruby code.
-  # A recorder the hook misses catches up at its next use (it notices the pid changed).
-  module ForkHook
-    def _fork
-      pid = super
-      if pid == 0
-        DatadogHeap._native_after_fork_all
-        DatadogHeap::RssWatch.after_fork
-      end
-      pid
-    end
-
-    # On Linux Process.daemon calls libc daemon(3), not _fork: the same here.
-    def daemon(*args)
-      result = super
-      DatadogHeap._native_after_fork_all
-      DatadogHeap::RssWatch.after_fork
-      result
-    end
-  end
-
   # The window timer of the windowed sampler where the native one is not used (Ruby 3.3.0 with M:N
   # threads, no free real-time signal before 3.3, or DATADOG_HEAP_WINDOW_TIMER=ruby; see
   # ext/datadog_heap/src/runtime/windows.rs): a Ruby thread that sleeps a random time (uniform
@@ -284,12 +261,14 @@ elsif !DatadogHeap.native_window_timer_safe?
     "native thread crashes the VM); the windowed sampler's timer is a Ruby thread here (fixed in 3.3.1)"
 end
 
+require_relative "datadog_heap/fork_hooks"
 require_relative "datadog_heap/recorder"
-require_relative "datadog_heap/rss_watch"
 require_relative "datadog_heap/profile"
-require_relative "datadog_heap/retainers"
 
-Process.singleton_class.prepend(DatadogHeap::ForkHook)
+# In a forked child, every recorder drops what the parent tracked and starts afresh (the RSS
+# watches of the parent's recorders restart after, see RssWatch).
+DatadogHeap::ForkHooks.register(:recorders, DatadogHeap::ForkHooks::RECORDERS) { DatadogHeap._native_after_fork_all }
+
 # Registered first, so it runs after every at_exit handler the program registers: profiles written
 # at exit are still sampled up to then, and no timer outlives the program.
 at_exit { DatadogHeap._native_shutdown }
@@ -389,9 +368,24 @@ end
 
 module DatadogHeap
   # For this gem's own specs and benchmarks only, not part of its API: switches and probes the
-  # extension defines (every method is a `_native_` one) to force rare paths and read internal
-  # counters. They may change or go in any release.
-  module Testing; end
+  # extension defines (the `_native_` methods) to force rare paths and read internal counters,
+  # and the recorder's test aids below. They may change or go in any release.
+  module Testing
+    class << self
+      # For tests only: moves `recorder`'s id counter to its last value, so that the next
+      # recording finds no id left and the recorder's handling of that runs.
+      def exhaust_record_ids!(recorder)
+        recorder.__send__(:exhaust_record_ids!)
+      end
+
+      # For tests only: forgets when `recorder`'s last young update ran, so
+      # Recorder#update_young_objects does not skip the next one for having run less than 2
+      # seconds ago.
+      def reset_last_update!(recorder)
+        recorder.__send__(:reset_last_update!)
+      end
+    end
+  end
 end
 
 # In a Rails app (Bundler.require loads this after Rails): config.datadog_heap, see railtie.rb.

@@ -50,7 +50,7 @@ RSpec.describe "live bytes" do
   # liveness only and measures no size.
   def young_update(rec)
     GC.start
-    rec.reset_last_update!
+    DatadogHeap::Testing.reset_last_update!(rec)
     expect(rec.update_young_objects).to be(true)
   end
 

@@ -264,7 +264,7 @@ RSpec.describe DatadogHeap::Recorder do
         expect([second, rec.stats[:lifetime_updates_skipped_time]]).to eq([true, 0])
       end
       GC.start
-      rec.reset_last_update!
+      DatadogHeap::Testing.reset_last_update!(rec)
       expect(rec.update_young_objects).to be(true)
       expect(rec.update_young_objects).to be(false)
       expect(rec.stats[:lifetime_updates_skipped_gcgen]).to eq(1)
@@ -286,11 +286,11 @@ RSpec.describe DatadogHeap::Recorder do
       record(rec, keep)
       rec.commit
       GC.start
-      rec.reset_last_update!
+      DatadogHeap::Testing.reset_last_update!(rec)
       inside = nil
       rec.each_live_object do
         GC.start
-        rec.reset_last_update! # each_live_object's own full update just ran
+        DatadogHeap::Testing.reset_last_update!(rec) # each_live_object's own full update just ran
         inside = rec.update_young_objects
       end
       expect(inside).to be(true)
@@ -349,7 +349,7 @@ RSpec.describe DatadogHeap::Recorder do
       keep = Object.new
       record(rec, keep)
       rec.commit
-      rec.exhaust_record_ids!
+      DatadogHeap::Testing.exhaust_record_ids!(rec)
       expect { record(rec, Object.new) }.to raise_error(DatadogHeap::Error, /record ids exhausted/)
       expect { record(rec, Object.new) }.to raise_error(DatadogHeap::Error)
       GC.start

@@ -53,7 +53,7 @@ RSpec.describe "built-in allocation sampler" do
     @rec.start
     200.times { Kept.new(0) }
     10.times { Thread.pass } # lets the commit job run
-    @rec.reset_last_update!
+    DatadogHeap::Testing.reset_last_update!(@rec)
     GC.start
     10.times { Thread.pass } # lets the young-update job run
     @rec.stop
@@ -226,7 +226,7 @@ RSpec.describe "built-in allocation sampler" do
   # the commit job), the next call from Ruby warns once, start raises the reason.
   it "turns itself off on an error in the hook, keeps the reason, warns once from the next call, and start raises it" do
     @rec = sampled_recorder
-    @rec.exhaust_record_ids!
+    DatadogHeap::Testing.exhaust_record_ids!(@rec)
     expect do
       @rec.start
       10.times { Kept.new(0) }
@@ -246,7 +246,7 @@ RSpec.describe "built-in allocation sampler" do
   it "DatadogHeap.start after the process-wide recorder disabled itself starts a fresh one, same options" do
     DatadogHeap.instance_variable_set(:@recorder, nil)
     old = DatadogHeap.start(sampler: :countdown, sample_every: 1, max_overhead: nil, max_frames: 7)
-    old.exhaust_record_ids!
+    DatadogHeap::Testing.exhaust_record_ids!(old)
     10.times { Kept.new(0) }
     10.times { Thread.pass }
     expect(old.running?).to be(false)
@@ -262,7 +262,7 @@ RSpec.describe "built-in allocation sampler" do
     full_gc
     expect(fresh.each_live_object.count { |o| o.class_name == "Kept" }).to eq(kept.size)
     # A start with options after a disable takes them.
-    fresh.exhaust_record_ids!
+    DatadogHeap::Testing.exhaust_record_ids!(fresh)
     fresh.start
     Kept.new(0)
     10.times { Thread.pass }

@@ -377,23 +377,8 @@ module DatadogHeap
         warn "datadog_heap/auto: could not upload a profile: #{e.class}: #{e.message}"
       end
     end
-
-    # Restarts the writer in a forked child (after DatadogHeap::ForkHook has reset the recorder).
-    module ForkHook
-      def _fork
-        pid = super
-        DatadogHeap::Auto.after_fork if pid == 0
-        pid
-      end
-
-      # On Linux Process.daemon calls libc daemon(3), not _fork; only the daemon returns here.
-      def daemon(*args)
-        result = super
-        DatadogHeap::Auto.after_fork
-        result
-      end
-    end
   end
 end
 
-Process.singleton_class.prepend(DatadogHeap::Auto::ForkHook)
+# In a forked child (Process.daemon's too), after the recorders are reset: the writer starts again.
+DatadogHeap::ForkHooks.register(:auto_mode, DatadogHeap::ForkHooks::AUTO_MODE) { DatadogHeap::Auto.after_fork }

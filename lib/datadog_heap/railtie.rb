@@ -99,10 +99,11 @@ module DatadogHeap
 
         if settings[:start_after_fork]
           @after_fork = settings
-          # Auto mode's fork hook first, so ours runs after it in the child: a worker's own
-          # children are then auto mode's to handle (after_fork forgets the settings there).
+          # Loaded once here rather than in each worker. In the child, auto mode's hook runs
+          # before ours (ForkHooks::AUTO_MODE < RAILTIE): a worker's own children are then auto
+          # mode's to handle (after_fork forgets the settings there). Not after Process.daemon.
           require "datadog_heap/auto_mode" if settings[:output] || settings[:upload]
-          Process.singleton_class.prepend(ForkHook)
+          ForkHooks.register(:railtie, ForkHooks::RAILTIE, daemon: false) { Railtie.after_fork }
         else
           start_now(settings)
         end
@@ -179,15 +180,6 @@ module DatadogHeap
         yield
       rescue TypeError, ArgumentError => e
         raise e.class, "#{name}: #{e.message}"
-      end
-    end
-
-    # Starts recording in forked children (puma and unicorn workers) with start_after_fork.
-    module ForkHook
-      def _fork
-        pid = super
-        DatadogHeap::Railtie.after_fork if pid == 0
-        pid
       end
     end
   end

@@ -1,5 +1,7 @@
 # frozen_string_literal: true
 
+require_relative "fork_hooks"
+
 # etc and fileutils are required when first used: `require "datadog_heap"` stays small (every GC
 # marks what it loads).
 
@@ -173,69 +175,70 @@ module DatadogHeap
     end
   end
 
-  class Recorder
-    # rss_limit:, rss_step:, rss_output: (see the Recorder options): readers, and the watch that
-    # runs while the recorder does.
-    module RssLimit
-      # The RSS in bytes at which the first profile is written, or nil (off).
-      def rss_limit
-        @rss_options&.fetch(:rss_limit)
+  # Recorder's rss_limit:, rss_step:, rss_output: (see the Recorder options): readers, and the
+  # watch that runs while the recorder does. Recorder prepends it (recorder.rb).
+  module RssLimit
+    # The RSS in bytes at which the first profile is written, or nil (off).
+    def rss_limit
+      @rss_options&.fetch(:rss_limit)
+    end
+
+    # Bytes of RSS between two profiles past rss_limit, or nil without rss_limit.
+    def rss_step
+      @rss_options&.fetch(:rss_step)
+    end
+
+    # The directory the RSS profiles go to (an absolute path), or nil without rss_limit.
+    def rss_output
+      @rss_options&.fetch(:rss_output)
+    end
+
+    # The profiles written because RSS crossed the limit or a step, in order (frozen; empty
+    # without rss_limit).
+    def rss_profiles
+      (@rss_profiles ||= []).dup.freeze
+    end
+
+    # Recorder#start, and the RSS watch with it.
+    def start
+      result = super
+      @rss_watch&.start
+      RssWatch.register(@rss_watch) if @rss_watch
+      result
+    end
+
+    # Recorder#stop, and the RSS watch with it.
+    def stop
+      if @rss_watch
+        RssWatch.unregister(@rss_watch)
+        @rss_watch.stop
       end
+      super
+    end
 
-      # Bytes of RSS between two profiles past rss_limit, or nil without rss_limit.
-      def rss_step
-        @rss_options&.fetch(:rss_step)
-      end
+    private
 
-      # The directory the RSS profiles go to (an absolute path), or nil without rss_limit.
-      def rss_output
-        @rss_options&.fetch(:rss_output)
-      end
-
-      # The profiles written because RSS crossed the limit or a step, in order (frozen; empty
-      # without rss_limit).
-      def rss_profiles
-        (@rss_profiles ||= []).dup.freeze
-      end
-
-      # Recorder#start, and the RSS watch with it.
-      def start
-        result = super
-        @rss_watch&.start
-        RssWatch.register(@rss_watch) if @rss_watch
-        result
-      end
-
-      # Recorder#stop, and the RSS watch with it.
-      def stop
-        if @rss_watch
-          RssWatch.unregister(@rss_watch)
-          @rss_watch.stop
-        end
-        super
-      end
-
-      private
-
-      def setup_rss(options)
-        @rss_options = options.freeze
-        @rss_count = 0
-        @rss_watch = RssWatch.new(limit: options[:rss_limit], step: options[:rss_step]) do |rss, threshold|
-          write_rss_profile(rss, threshold)
-        end
-      end
-
-      # From the watch thread: one profile, named by pid and count, and a warning saying why.
-      def write_rss_profile(rss, threshold)
-        @rss_count += 1
-        require "fileutils"
-        FileUtils.mkdir_p(rss_output)
-        path = write_profile(File.join(rss_output, "heap-rss-#{Process.pid}-#{@rss_count}.pb.gz"))
-        (@rss_profiles ||= []) << path
-        warn "datadog_heap: RSS #{rss >> 20} MiB reached #{threshold >> 20} MiB " \
-          "(rss_limit #{rss_limit >> 20} MiB, step #{rss_step >> 20} MiB): wrote #{path}"
+    def setup_rss(options)
+      @rss_options = options.freeze
+      @rss_count = 0
+      @rss_watch = RssWatch.new(limit: options[:rss_limit], step: options[:rss_step]) do |rss, threshold|
+        write_rss_profile(rss, threshold)
       end
     end
-    prepend RssLimit
+
+    # From the watch thread: one profile, named by pid and count, and a warning saying why.
+    def write_rss_profile(rss, threshold)
+      @rss_count += 1
+      require "fileutils"
+      FileUtils.mkdir_p(rss_output)
+      path = write_profile(File.join(rss_output, "heap-rss-#{Process.pid}-#{@rss_count}.pb.gz"))
+      (@rss_profiles ||= []) << path
+      warn "datadog_heap: RSS #{rss >> 20} MiB reached #{threshold >> 20} MiB " \
+        "(rss_limit #{rss_limit >> 20} MiB, step #{rss_step >> 20} MiB): wrote #{path}"
+    end
   end
 end
+
+# In a forked child, after the recorders are reset, the watches of the parent's recorders start
+# again.
+DatadogHeap::ForkHooks.register(:rss_watch, DatadogHeap::ForkHooks::RSS_WATCH) { DatadogHeap::RssWatch.after_fork }

@@ -26,7 +26,7 @@ RSpec.describe "monkeypatched ObjectSpace::WeakMap", :stress do
       record_garbage(@rec, 100)
       @rec.commit
       GC.start
-      @rec.reset_last_update!
+      DatadogHeap::Testing.reset_last_update!(@rec)
       young = @rec.update_young_objects
       live = @rec.each_live_object.count
       id = @rec.record_id_for(keep.first)
@@ -40,7 +40,7 @@ RSpec.describe "monkeypatched ObjectSpace::WeakMap", :stress do
       sampled = Array.new(500) { Object.new }
       10.times { Thread.pass }
       GC.start
-      sampler.reset_last_update!
+      DatadogHeap::Testing.reset_last_update!(sampler)
       10.times { Thread.pass }
       sampler.stop
       sampler.commit
