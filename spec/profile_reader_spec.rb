@@ -154,9 +154,9 @@ RSpec.describe DatadogHeap::Profile do
       significant])
 
     profile = described_class.parse(@rec.profile)
-    rows = profile.send(:_native_top, 10, "size", "site", ["/app"])
+    rows = profile.send(:_native_top, 10, ["size", "site", ["/app"]])
     expect(rows.map(&:keys)).to all(eq(site_fields))
-    expect(profile.send(:_native_diff, profile, "size", "site", []).map(&:keys)).to all(eq(diff_fields))
+    expect(profile.send(:_native_diff, profile, ["size", "site", []]).map(&:keys)).to all(eq(diff_fields))
     # Each member comes from its own key, whatever the order of the extension's Hash.
     allow(profile).to receive(:_native_top).and_return(rows.map { |row| row.to_a.reverse.to_h })
     expect(profile.top(10, app_root: "/app").map(&:to_h)).to eq(rows)

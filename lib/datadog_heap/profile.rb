@@ -341,8 +341,7 @@ module DatadogHeap
         raise ArgumentError, "by must be one of #{SORT_KEYS.map(&:inspect).join(", ")}, got #{Validate.describe(by)}"
       end
 
-      group, roots = grouping(options)
-      structs(Site, _native_top(n, sizes? && by == :size ? "size" : "count", group, roots))
+      structs(Site, _native_top(n, query(options, sizes? && by == :size ? "size" : "count")))
     end
 
     # #top's sites, each with the `retained by` labels of its samples summed, the most bytes first:
@@ -350,9 +349,8 @@ module DatadogHeap
     # whose samples carry no label have an empty list. Takes #top's arguments.
     def top_retained(n = 10, **options)
       sites = top(n, **options)
-      group, roots = grouping(options)
       by = options.fetch(:by, :size)
-      sites.zip(_native_retained_by(n, sizes? && by == :size ? "size" : "count", group, roots))
+      sites.zip(_native_retained_by(n, query(options, sizes? && by == :size ? "size" : "count")))
     end
 
     # Whether any sample carries a `retained by` label.
@@ -368,9 +366,7 @@ module DatadogHeap
       raise TypeError, "other must be a #{Profile}, got #{Validate.describe(other)}" unless Profile === other
 
       Validate.known_keys!("#{Profile}#diff", options, DIFF_KEYWORDS)
-      group, roots = grouping(options)
-      by = sizes? && other.sizes? ? "size" : "count"
-      structs(SiteDiff, _native_diff(other, by, group, roots))
+      structs(SiteDiff, _native_diff(other, query(options, sizes? && other.sizes? ? "size" : "count")))
     end
 
     # Its source (path, string or sum), sample count and sample types in one line.
@@ -400,14 +396,15 @@ module DatadogHeap
       rows.map { |row| struct.new(*row.fetch_values(*members)) }
     end
 
-    # [group name, app root directories] from the options of #top and #diff.
-    def grouping(options)
+    # What the natives of #top, #top_retained and #diff are asked: [`by` ("size" or "count"),
+    # group name, app root directories], the last two from their options.
+    def query(options, by)
       group = options.fetch(:group, :site)
       unless Symbol === group && GROUPS.include?(group)
         raise ArgumentError, "group must be one of #{GROUPS.map(&:inspect).join(", ")}, got #{Validate.describe(group)}"
       end
 
-      [group.to_s, Profile.app_roots(options.fetch(:app_root) { Profile.default_app_root })]
+      [by, group.to_s, Profile.app_roots(options.fetch(:app_root) { Profile.default_app_root })]
     end
 
 

@@ -261,16 +261,15 @@ pub(crate) fn sort_by(ruby: &Ruby, by: &str) -> Result<SortBy, Error> {
     }
 }
 
-/// What `_native_top` and `_native_diff` are asked: `by` "size" or "count", `group` "site",
-/// "location", "file", "gem" or "class", and the app root directories (absolute).
-fn site_options(
-    ruby: &Ruby,
-    by: &str,
-    group: &str,
-    app_root: Vec<String>,
-) -> Result<SiteOptions, Error> {
-    let by = sort_by(ruby, by)?;
-    let group = match group {
+/// What `_native_top`, `_native_retained_by` and `_native_diff` are asked, as Ruby passes it:
+/// `[by, group, app_root]` (see [`site_options`]).
+type Query = (String, String, Vec<String>);
+
+/// A [`Query`] read: `by` "size" or "count", `group` "site", "location", "file", "gem" or
+/// "class", and the app root directories (absolute).
+fn site_options(ruby: &Ruby, (by, group, app_root): Query) -> Result<SiteOptions, Error> {
+    let by = sort_by(ruby, &by)?;
+    let group = match group.as_str() {
         "site" => GroupBy::Site,
         "location" => GroupBy::Location,
         "file" => GroupBy::File,
@@ -397,35 +396,21 @@ impl Profile {
         })
     }
 
-    /// `_native_top(n, by, group, app_root)` (see [`site_options`]) -> `[{field => value}, ...]`,
-    /// largest first: one Hash a site, keyed by the Symbols of `SITE_FIELDS` (see [`SITE`]).
-    fn top(
-        ruby: &Ruby,
-        rb_self: &Self,
-        n: usize,
-        by: String,
-        group: String,
-        app_root: Vec<String>,
-    ) -> Result<RArray, Error> {
+    /// `_native_top(n, [by, group, app_root])` (see [`site_options`]) -> `[{field => value},
+    /// ...]`, largest first: one Hash a site, keyed by the Symbols of `SITE_FIELDS` (see [`SITE`]).
+    fn top(ruby: &Ruby, rb_self: &Self, n: usize, query: Query) -> Result<RArray, Error> {
         guarded(ruby, || {
-            let options = site_options(ruby, &by, &group, app_root)?;
+            let options = site_options(ruby, query)?;
             rows(ruby, SITE, &top_sites_with(&rb_self.data, n, &options))
         })
     }
 
-    /// `_native_retained_by(n, by, group, app_root)` -> for each site `_native_top` returns, in
+    /// `_native_retained_by(n, [by, group, app_root])` -> for each site `_native_top` returns, in
     /// its order, `[[path, live_objects, live_bytes], ...]`: the `retained by` labels of its
     /// samples, summed, the most bytes first.
-    fn retained_by(
-        ruby: &Ruby,
-        rb_self: &Self,
-        n: usize,
-        by: String,
-        group: String,
-        app_root: Vec<String>,
-    ) -> Result<RArray, Error> {
+    fn retained_by(ruby: &Ruby, rb_self: &Self, n: usize, query: Query) -> Result<RArray, Error> {
         guarded(ruby, || {
-            let options = site_options(ruby, &by, &group, app_root)?;
+            let options = site_options(ruby, query)?;
             let sites = datadog_heap_core::retained_by_sites(&rb_self.data, n, &options);
             let out = ruby.ary_new_capa(sites.len());
             for rows in &sites {
@@ -443,20 +428,13 @@ impl Profile {
         })
     }
 
-    /// `_native_diff(other, by, group, app_root)` -> every group of either profile, from `self`
+    /// `_native_diff(other, [by, group, app_root])` -> every group of either profile, from `self`
     /// (old) to `other` (new), largest growth in live bytes first: one Hash a group, keyed by the
     /// Symbols of `SITE_DIFF_FIELDS` (see [`SITE_DIFF`]). `by` picks each group's heaviest stack
     /// and the measure `significant` judges.
-    fn diff(
-        ruby: &Ruby,
-        rb_self: &Self,
-        other: &Profile,
-        by: String,
-        group: String,
-        app_root: Vec<String>,
-    ) -> Result<RArray, Error> {
+    fn diff(ruby: &Ruby, rb_self: &Self, other: &Profile, query: Query) -> Result<RArray, Error> {
         guarded(ruby, || {
-            let options = site_options(ruby, &by, &group, app_root)?;
+            let options = site_options(ruby, query)?;
             rows(
                 ruby,
                 SITE_DIFF,
@@ -488,9 +466,9 @@ pub fn init(ruby: &Ruby, module: RModule) -> Result<(), Error> {
     class.define_singleton_method("_native_place", function!(place, 2))?;
     class.define_method("_native_info", method!(Profile::info, 0))?;
     class.define_method("_native_samples", method!(Profile::samples, 0))?;
-    class.define_method("_native_top", method!(Profile::top, 4))?;
-    class.define_method("_native_retained_by", method!(Profile::retained_by, 4))?;
-    class.define_method("_native_diff", method!(Profile::diff, 4))?;
+    class.define_method("_native_top", method!(Profile::top, 2))?;
+    class.define_method("_native_retained_by", method!(Profile::retained_by, 2))?;
+    class.define_method("_native_diff", method!(Profile::diff, 2))?;
     // The rows' shapes, for lib/datadog_heap/profile.rb's Structs.
     class.const_set(
         "PLACE_FIELDS",
