@@ -12,7 +12,9 @@
 workers Integer(ENV.fetch("WORKERS", "2"), 10)
 threads_count = Integer(ENV.fetch("THREADS", "4"), 10)
 threads threads_count, threads_count
-preload_app!
+# PRELOAD=0: each worker loads the app itself after the fork (puma's default), so a gem the app
+# requires is first required in the forked child (spec/stress/service_no_preload_spec.rb).
+preload_app! unless ENV["PRELOAD"] == "0"
 bind "tcp://127.0.0.1:#{Integer(ENV.fetch("PORT", "9292"), 10)}"
 environment ENV.fetch("RACK_ENV", "production")
 # SERVICE_APP=rails serves the Rails app of examples/rails_leak instead (its leak off unless
