@@ -47,10 +47,10 @@ pub use retainers::{
     find_root_paths, pick_targets, retained_by_sites, HeapGraph, RetainedRow, RootPath,
     SearchLimits, SearchOutcome, Stop, TargetObject, TargetSite,
 };
+/// The old name of [`NamedFrame`], which src/pprof/tests still uses; new code uses the new one.
+pub use stacks::NamedFrame as RawFrame;
 pub use stacks::{
     truncation, Frame, FrameKey, FrameSource, NamedFrame, Stack, StackHandles, STACK_CACHE_SLOTS,
 };
-/// The old name of [`NamedFrame`], which src/pprof/tests still uses; new code uses the new one.
-pub use stacks::NamedFrame as RawFrame;
 pub use stats::{StatValue, Stats};
 pub use vm::{LiveInfo, ObjectRef, Probe, Vm, WalkVisitor};
