@@ -90,10 +90,12 @@ module DatadogHeap
           Fit.new(nil, series.values.sum.to_f, nil, 0.5, 0.0, :steady, Array.new(times.size, 0.0), :one_profile,
             "only one profile has live objects")
         end
-        Profile::SiteTrend.new(site.locations, site.class_name, site.location, site.label, site.function, site.callee,
-          site.called_from, site.library, times, series.values, series.objects, fit.variances.map { |v| Math.sqrt(v) },
-          fit.slope && fit.slope * 60, fit.stderr && fit.stderr * 60, fit.confidence, fit.relative, fit.verdict,
-          sizes ? :bytes : :objects, fit.intercept, series.samples, fit.reason, fit.note)
+        # By name: the place from the field list the extension exports, then the trend's own fields.
+        values = Profile::PLACE_FIELDS.to_h { |field| [field, site[field]] }.merge(times: times, bytes: series.values,
+          objects: series.objects, stddevs: fit.variances.map { |v| Math.sqrt(v) }, slope: fit.slope && fit.slope * 60,
+          stderr: fit.stderr && fit.stderr * 60, confidence: fit.confidence, relative: fit.relative, verdict: fit.verdict,
+          unit: sizes ? :bytes : :objects, intercept: fit.intercept, samples: series.samples, reason: fit.reason, note: fit.note)
+        Profile::SiteTrend.new(*Profile::SiteTrend.members.map { |member| values.fetch(member) })
       end
       trends.sort_by.with_index do |t, i|
         case t.verdict
