@@ -16,10 +16,6 @@ pub mod stats;
 pub mod strings;
 pub mod vm;
 
-/// The old path of the frame and stack types, which src/pprof/encode.rs still imports from; new
-/// code imports from [`stacks`].
-pub use stacks::frame as stack;
-
 #[cfg(test)]
 pub(crate) mod fake_vm;
 
@@ -47,8 +43,6 @@ pub use retainers::{
     find_root_paths, pick_targets, retained_by_sites, HeapGraph, RetainedRow, RootPath,
     SearchLimits, SearchOutcome, Stop, TargetObject, TargetSite,
 };
-/// The old name of [`NamedFrame`], which src/pprof/tests still uses; new code uses the new one.
-pub use stacks::NamedFrame as RawFrame;
 pub use stacks::{
     truncation, Frame, FrameKey, FrameSource, NamedFrame, Stack, StackHandles, STACK_CACHE_SLOTS,
 };

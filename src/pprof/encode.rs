@@ -17,7 +17,7 @@ use rustc_hash::FxHasher;
 
 use crate::error::{HeapError, Result};
 use crate::recorder::{Names, Snapshot};
-use crate::stack::{Frame, Stack};
+use crate::stacks::{Frame, Stack};
 use crate::strings::StringId;
 
 use super::{

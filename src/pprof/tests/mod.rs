@@ -17,7 +17,7 @@ use prost::Message;
 
 use super::*;
 use crate::fake_vm::FakeVm;
-use crate::{HeapRecorder, RawFrame, RecordOutcome, RecorderOptions, Snapshot};
+use crate::{HeapRecorder, NamedFrame, RecordOutcome, RecorderOptions, Snapshot};
 
 /// One allocation to record: frames innermost first as (name, file, line).
 #[derive(Clone)]
@@ -68,10 +68,10 @@ impl World {
         let mut objects = Vec::with_capacity(allocs.len());
         for a in allocs {
             let object = self.vm.alloc(a.size);
-            let frames: Vec<RawFrame<'_>> = a
+            let frames: Vec<NamedFrame<'_>> = a
                 .frames
                 .iter()
-                .map(|(name, filename, line)| RawFrame {
+                .map(|(name, filename, line)| NamedFrame {
                     name,
                     filename,
                     line: *line,

@@ -63,7 +63,7 @@ fn on_newobj(event: &NewObj) {
                 // Our own work's allocations are not the program's: they neither tick a countdown
                 // nor count in a window, so every sample's weight is an interval of the
                 // program's allocations only (a countdown ticked by them put their share of the
-                // weight on the program's objects: +16% at sample_every 8).
+                // weight on the program's objects).
                 if *busy.get_or_insert_with(busy::current_thread_busy) {
                     continue;
                 }

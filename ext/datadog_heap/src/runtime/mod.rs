@@ -32,8 +32,7 @@ pub use session::Session;
 pub use windows::{
     native_timer as native_window_timer, problem as window_timer_problem,
     signal_counts as window_signal_counts, signal_number as window_signal_number,
-    tick as window_tick,
-    use_ruby_thread as use_ruby_timer,
+    tick as window_tick, use_ruby_thread as use_ruby_timer,
 };
 
 struct Listed {

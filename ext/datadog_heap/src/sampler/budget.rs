@@ -41,9 +41,9 @@ use std::cell::Cell;
 /// samples in a busy process, so one period's share is not mostly noise)...
 const PERIOD_WALL_NS: u64 = 250_000_000;
 /// ...except the first after sampling starts, which ends sooner: a fresh recorder in a busy loop
-/// samples at the interval asked for until its first period ends, and over a quarter of a second
-/// that cost a `BasicObject.new` loop on Ruby 3.3 7% of its throughput at 1 in 1024
-/// (`bench/allocation.rb`, 2026-12-05). Its noise is the next periods' to correct.
+/// samples at the interval asked for until its first period ends, which over a quarter of a
+/// second cost a `BasicObject.new` loop several percent (docs/performance.md). Its noise is the
+/// next periods' to correct.
 const FIRST_PERIOD_WALL_NS: u64 = 50_000_000;
 /// ...and the process used at least this much CPU time in it (too little to measure a ratio
 /// otherwise, and an idle process owes nothing).
@@ -61,16 +61,15 @@ const MAX_SCALE: f64 = 1_048_576.0;
 pub const TIME_ONE_IN: u64 = 16;
 
 /// An allocation inside a window, beyond what it costs outside one: the VM's slow path, the
-/// hook's dispatch and its countdown. `bench/window_cost.rb` measured 29-32 ns on Ruby 3.1,
-/// 27-31 ns on 3.3 and 33-37 ns on 3.4 (2026-12-05, a 2-core x86_64 VM): an estimate, which a
-/// faster machine pays less of and a slower one more.
+/// hook's dispatch and its countdown, as `bench/window_cost.rb` measures it on each Ruby
+/// (docs/performance.md, "What no counter sees"): an estimate, which a faster machine pays less
+/// of and a slower one more.
 pub const WINDOW_NS_PER_ALLOCATION: u64 = 32;
 
 /// An entry in the WeakMap beyond the `WeakMap#[]=` call the commit times. Before Ruby 3.3 the
 /// map defines a finalizer on the object, which runs when it dies and keeps it as a zombie for one
-/// more GC: `bench/window_cost.rb` measured 2.7-5.0 µs an entry in all on 3.1, of which the
-/// timed call is about 0.7 µs, so 2.0-4.3 µs beyond it. From 3.3 the map holds its entries
-/// weakly, without finalizers (0.9 µs in all on 3.3, 0.1 on 3.4, the timed call included), so
+/// more GC: a few µs an entry beyond the timed call on 3.1 (`bench/window_cost.rb`,
+/// docs/performance.md). From 3.3 the map holds its entries weakly, without finalizers, so
 /// nothing is added.
 #[cfg(not(ruby_gte_3_3))]
 pub const WEAK_MAP_DEATH_NS: u64 = 2_500;
@@ -430,7 +429,10 @@ mod tests {
     #[test]
     fn a_timed_stretch_is_charged_without_the_clocks_own_share() {
         // 1,000 ns measured, of which 235 are the two clock reads: 765 ours, sixteen times over.
-        assert_eq!(stretch_charge(1_000, 235, TIME_ONE_IN, false), 765 * TIME_ONE_IN);
+        assert_eq!(
+            stretch_charge(1_000, 235, TIME_ONE_IN, false),
+            765 * TIME_ONE_IN
+        );
         // A stretch shorter than the clock's share costs nothing, never wraps.
         assert_eq!(stretch_charge(200, 235, TIME_ONE_IN, false), 0);
     }
@@ -440,8 +442,14 @@ mod tests {
         // A 2 ms minor GC inside a 3 us commit: once, not sixteen times (32 ms of a 250 ms period).
         let spent = 2_000_000 + 3_000;
         assert_eq!(stretch_charge(spent, 0, TIME_ONE_IN, true), spent);
-        assert_eq!(stretch_charge(spent, 0, TIME_ONE_IN, false), spent * TIME_ONE_IN);
+        assert_eq!(
+            stretch_charge(spent, 0, TIME_ONE_IN, false),
+            spent * TIME_ONE_IN
+        );
         // An always-timed stretch (a young update) is charged once either way.
-        assert_eq!(stretch_charge(spent, 100, 1, true), stretch_charge(spent, 100, 1, false));
+        assert_eq!(
+            stretch_charge(spent, 100, 1, true),
+            stretch_charge(spent, 100, 1, false)
+        );
     }
 }

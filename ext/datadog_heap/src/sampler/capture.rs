@@ -76,7 +76,10 @@ impl FrameSource for CapturedStack<'_> {
             let path = shims::frame_path(frame);
             namer.write(&mut names, frame, path.is_none());
             let (filename, line) = match self.location(i) {
-                Some((j, line)) => (shims::frame_path(frames[j]).map_or("", shims::hook_string), line),
+                Some((j, line)) => (
+                    shims::frame_path(frames[j]).map_or("", shims::hook_string),
+                    line,
+                ),
                 None => ("", 0),
             };
             located.push((names.len(), filename, line));

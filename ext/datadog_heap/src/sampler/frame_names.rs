@@ -76,7 +76,9 @@ fn write_prefix(out: &mut String, owner: VALUE) {
 /// A class's or module's name, or `#<Class:0x...>` / `#<Module:0x...>` (as `inspect` shows it)
 /// for an anonymous one.
 fn write_module(out: &mut String, module: VALUE) {
-    let name = shims::module_name(module).map(shims::hook_string).unwrap_or("");
+    let name = shims::module_name(module)
+        .map(shims::hook_string)
+        .unwrap_or("");
     if !name.is_empty() {
         out.push_str(name);
     } else {

@@ -141,7 +141,12 @@ unsafe extern "C" fn in_second_thread(arg: *mut c_void) -> VALUE {
         let slept = magnus::rb_sys::protect(|| {
             // SAFETY: a Ruby thread with the GVL, inside rb_protect, which catches the jump an
             // interrupt (an exception raised into this thread) would make.
-            unsafe { rb_sys::rb_thread_wait_for(rb_sys::timeval { tv_sec: 0, tv_usec: 1000 }) };
+            unsafe {
+                rb_sys::rb_thread_wait_for(rb_sys::timeval {
+                    tv_sec: 0,
+                    tv_usec: 1000,
+                })
+            };
             rb_sys::Qnil as VALUE
         });
         if slept.is_err() {
