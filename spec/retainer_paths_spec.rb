@@ -136,6 +136,10 @@ RSpec.describe "retainer paths: redaction and shapes" do
       expect(out).to include(": constant RetainerPathsSpec::QUOTES (Hash) -> [*] (String)")
       expect(out).to include("e.g. constant RetainerPathsSpec::QUOTES (Hash) -> [(Array)] (String)")
       expect(out.scan("RetainerPathsSpec::QUOTES").size).to eq(2) # one shape and its example, not three paths
+      # The heading counts the sites it shows: "the top site's" for one, never "top 1 site'".
+      one, = run_cli("why", path, "--top", "1")
+      expect(one).to include("What keeps the top site's sampled objects alive")
+      expect(one).not_to include("top 1 site'")
       expect(out).not_to include("GBP")
 
       out, err, code = run_cli("why", path, "--values")

@@ -56,7 +56,8 @@ module DatadogHeap
         rows = holders(profile, profile.top(options[:top], by: options[:by], app_root: app_root), options)
         @out.puts(profile_summary(profile, profile.top(2**62 - 1, by: options[:by], app_root: app_root).size))
         @out.puts
-        @out.puts("What keeps the top #{plural(rows.size, "site")}' sampled objects alive (paths grouped by shape: " \
+        whose = (rows.size == 1) ? "top site's" : "top #{rows.size} sites'"
+        @out.puts("What keeps the #{whose} sampled objects alive (paths grouped by shape: " \
           "Hash keys and Array indexes as *):")
         shown = paths(options)
         rows.each_with_index do |held, i|
