@@ -15,11 +15,7 @@ RSpec.describe "the example puma service without preload_app!, the gem required 
   PROFILE_FILE = /heap-(\d+)-(\d+)\.pb\.gz\z/
 
   before(:context) do
-    missing = ServiceCluster.missing_tools
-    unless missing.empty?
-      skip "#{missing.join(", ")} not installed in this chroot" if ENV["RUBY_CHROOT"]
-      raise "#{missing.join(", ")} not installed: run bin/setup --dev"
-    end
+    require_service_tools
 
     @dir = Dir.mktmpdir("service-no-preload-")
     out = File.join(@dir, "profiles")

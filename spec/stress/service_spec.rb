@@ -27,12 +27,7 @@ RSpec.describe "the example puma service under the profiler", :stress do
   CRASH = /\[BUG\]|Segmentation fault|Terminating timed out worker|Cancelled waiting for workers|Unable to start worker|Detected parent died|datadog_heap\/auto:/
 
   before(:context) do
-    missing = ServiceCluster.missing_tools
-    unless missing.empty?
-      # The Ruby 3.3/3.4 chroots of .ci/run have no puma; on the host, bin/setup --dev installs it.
-      skip "#{missing.join(", ")} not installed in this chroot" if ENV["RUBY_CHROOT"]
-      raise "#{missing.join(", ")} not installed: run bin/setup --dev"
-    end
+    require_service_tools
 
     @dir = Dir.mktmpdir("service-spec-")
     @out = File.join(@dir, "profiles")

@@ -16,6 +16,17 @@ module StressHelpers
   # ten times slower than native; bin/arm64-check sets it), 1 otherwise.
   DEADLINE_SCALE = Float(ENV.fetch("STRESS_DEADLINE_SCALE", "1"))
 
+  # For a before(:context) that boots the example service (examples/service/cluster.rb): skips
+  # where the tools are missing in a Ruby chroot (.ci/run's have no puma), fails on the host,
+  # where bin/setup --dev installs them.
+  def require_service_tools
+    missing = ServiceCluster.missing_tools
+    return if missing.empty?
+
+    skip "#{missing.join(", ")} not installed in this chroot" if ENV["RUBY_CHROOT"]
+    raise "#{missing.join(", ")} not installed: run bin/setup --dev"
+  end
+
   # Runs the block in a forked child and returns its (Marshal-able) value. The block gets a
   # `progress` callable: each call's text is kept, and the last ones are shown if the child
   # crashes or is still running after `seconds` (then it is killed). An exception in the child is
