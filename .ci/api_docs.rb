@@ -169,6 +169,18 @@ module ApiDocs
 
         problems << "#{name}#{singleton ? "." : "#"}#{method}: defined #{where(mod, method, singleton)}, no RDoc comment"
       end
+      # And the other way: a method documented (a `:method:` comment, say) that the class does
+      # not have, or not publicly, is documentation of nothing.
+      doc = store.find_class_or_module(name)
+      next unless doc
+
+      public = runtime_methods(mod).to_h { |m, singleton| [[m, singleton], true] }
+      doc.method_list.each do |m|
+        next if m.visibility != :public || m.name.start_with?("_native_") || !m.document_self
+        next if public[[m.name, !!m.singleton]] || (m.name == "new" && m.singleton && mod.respond_to?(:new))
+
+        problems << "#{name}#{m.singleton ? "." : "#"}#{m.name}: documented, but #{name} has no such public method"
+      end
     end
     problems
   end

@@ -109,11 +109,12 @@ RSpec.describe "the API reference check (.ci/api_docs.rb)" do
     File.write(path, text.sub(pattern, replacement))
   end
 
-  it "names an undocumented method, native method, Railtie setting, row member and the Testing module's mark" do
+  it "names an undocumented method, native method, Railtie setting, row member, the Testing module's mark, a phantom" do
     lib = File.join(dir, "lib")
     FileUtils.cp_r(File.join(root, "lib"), lib)
     edit(lib, "datadog_heap/profile.rb", /^ *# The `n` sites holding.*?(?=^ *def top)/m)
     edit(lib, "datadog_heap/recorder.rb", /^ *##\n *# :method: stats\n(?: *#.*\n)*/)
+    edit(lib, "datadog_heap/recorder.rb", /^ *##\n(?= *# :method: stop\n)/, "    ##\n    # :method: vanished\n    # Documented, not defined.\n\n    ##\n")
     edit(lib, "datadog_heap/railtie.rb", /^ *#   config\.datadog_heap\.interval = .*\n/)
     edit(lib, "datadog_heap.rb", "For this gem's own specs and benchmarks only, not part of its API", "Switches")
     edit(lib, "datadog_heap/profile.rb", "`median_gen_age` is", "its age is")
@@ -129,6 +130,7 @@ RSpec.describe "the API reference check (.ci/api_docs.rb)" do
     _, err, code = check(lib)
     expect(code).to eq(1)
     expect(err).to include("DatadogHeap::Recorder#stats: defined by the extension, no RDoc comment",
-      "DatadogHeap::Profile#top: defined at ", "DatadogHeap::Profile::Site: the comment does not describe median_gen_age")
+      "DatadogHeap::Profile#top: defined at ", "DatadogHeap::Profile::Site: the comment does not describe median_gen_age",
+      "DatadogHeap::Recorder#vanished: documented, but DatadogHeap::Recorder has no such public method")
   end
 end
