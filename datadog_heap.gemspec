@@ -19,8 +19,9 @@ Gem::Specification.new do |spec|
   # they are all set and use https.
   source = "https://github.com/DataDog/datadog_heap"
   spec.homepage = source
+  # The homepage is the repository: RubyGems shows `homepage` as the home page, and from 3.5 it
+  # warns when two *_uri keys share a URI, so the metadata names the source once.
   spec.metadata = {
-    "homepage_uri" => source,
     "source_code_uri" => source,
     "changelog_uri" => "#{source}/blob/main/CHANGELOG.md",
     "bug_tracker_uri" => "#{source}/issues",

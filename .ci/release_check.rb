@@ -68,9 +68,13 @@ module ReleaseCheck
   end
 
   # Files of the list that git does not track (a scratch file a glob picked up), but for the
-  # extensions a platform gem carries; none outside a git checkout.
+  # extensions a platform gem carries; none outside a git checkout or without git.
   def untracked(files)
-    tracked = IO.popen(["git", "-C", ROOT, "ls-files", "-z"], err: File::NULL, &:read).to_s.split("\0")
+    tracked = begin
+      IO.popen(["git", "-C", ROOT, "ls-files", "-z"], err: File::NULL, &:read).to_s.split("\0")
+    rescue Errno::ENOENT
+      return [] # no git here (a Ruby chroot): nothing to tell tracked files by
+    end
     return [] unless $?.success? && !tracked.empty?
 
     (files - tracked).reject { |f| f.match?(%r{\Alib/datadog_heap/\d+\.\d+/datadog_heap\.so\z}) }

@@ -27,7 +27,7 @@ RSpec.describe "sig/datadog_heap.rbs" do
         case m
         when RBS::AST::Members::MethodDefinition
           (@methods[[name, m.kind == :singleton ? :singleton : :instance]] ||= []) << m.name
-          @types[[name, m.kind == :singleton ? :singleton : :instance, m.name]] = m.types
+          @types[[name, m.kind == :singleton ? :singleton : :instance, m.name]] = m.respond_to?(:overloads) ? m.overloads.map(&:method_type) : m.types # rbs >= 3 has overloads
         when RBS::AST::Members::AttrReader, RBS::AST::Members::AttrAccessor
           (@methods[[name, :instance]] ||= []) << m.name
         when RBS::AST::Declarations::Class, RBS::AST::Declarations::Module
