@@ -12,8 +12,11 @@
 //! the Ractor's struct that holds the running thread's pointer both when the main thread runs and
 //! when a thread it starts runs, and not the newest thread while that one sleeps. The timer
 //! signals the owner itself: the kernel thread id the VM keeps in the owner's struct (`tid`, what
-//! `Thread#native_thread_id` answers) is found the same way, the one 32-bit field of the thread's
-//! struct holding the thread's own id in both threads. Where the probe finds either not exactly
+//! `Thread#native_thread_id` answers) is found the same way, the one 32-bit field holding the id
+//! the struct says (`Thread#native_thread_id`) in the loading thread and its own id in a thread
+//! the probe starts. In a child of fork the loading thread's struct still holds the parent's id,
+//! so there its real id is kept apart (`after_fork`). Every read of a thread's struct stays
+//! within the struct's size (`thread_struct_len`). Where the probe finds either not exactly
 //! once (a layout we have not seen, such as 3.2's if it keeps the id behind a pointer: no machine
 //! here runs 3.2), nothing asks for the owner, the handler is not installed, and the window timer
 //! is a Ruby thread.
