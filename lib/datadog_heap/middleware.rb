@@ -84,6 +84,7 @@ module DatadogHeap
     # A query parameter the endpoint cannot use; answered with 400.
     class BadRequest < StandardError; end
 
+    # Where the endpoint answers (the `path:` given to #initialize).
     attr_reader :path
 
     # `path`: where the endpoint answers (a String starting with "/"). `token`: nil (loopback
@@ -109,6 +110,7 @@ module DatadogHeap
       @lock = Mutex.new
     end
 
+    # The Rack call: answers a request for #path, hands any other to the app.
     def call(env)
       return @app.call(env) unless env["PATH_INFO"] == @path
 
@@ -116,6 +118,8 @@ module DatadogHeap
     end
 
     class << self
+      # `path` checked as the endpoint's place (a String starting with "/"), frozen: TypeError or
+      # ArgumentError naming it otherwise. The Railtie checks its endpoint_path setting with it.
       def check_path(path)
         raise TypeError, "path must be a String, got #{Validate.describe(path)}" unless String === path
         unless path.start_with?("/") && !path.include?("\0") && path.length > 1
@@ -125,6 +129,8 @@ module DatadogHeap
         path.dup.freeze
       end
 
+      # `token` checked as a bearer token (nil, or a non-empty String without whitespace): TypeError
+      # or ArgumentError otherwise, whose messages never show it.
       def check_token(token)
         return nil if NilClass === token
         raise TypeError, "token must be a String or nil, got a #{Validate.class_name(token)} (not shown: it is a secret)" unless String === token
@@ -141,6 +147,7 @@ module DatadogHeap
         secure_compare_digests(Digest::SHA256.digest(a), Digest::SHA256.digest(b))
       end
 
+      # Whether the digests `a` and `b` are equal, every byte compared whatever the first difference.
       def secure_compare_digests(a, b)
         return false unless a.bytesize == b.bytesize
 

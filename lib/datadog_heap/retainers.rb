@@ -26,6 +26,9 @@ module DatadogHeap
   class Retainers
     # A top site, ranked as `Profile#top` ranks a profile of the same objects, and the objects
     # searched for.
+    # `label`, `class_name`, `location`, `function`, `callee`, `called_from`, `live_bytes`,
+    # `live_objects`, `share` and `median_gen_age` are as in Profile::Site; `objects` are the
+    # Retained objects searched for, the largest first.
     Site = Struct.new(:label, :class_name, :location, :function, :callee, :called_from, :live_bytes,
       :live_objects, :share, :median_gen_age, :objects)
 
@@ -33,14 +36,22 @@ module DatadogHeap
     # :unreachable (no root reaches it: garbage at the next GC), :not_found (the search stopped
     # before it: see Retainers#stopped and #depth_cut) or :collected (gone before the search).
     # `path` is the whole chain as one String; `root` the kind of GC root it starts from.
+    # `record_id` is the object's record (Recorder#record_id_for); `class_name`, `size`, `weight`
+    # and `gen_age` are as in LiveObject; `steps` is the path one step at a time ("edge (Class)"
+    # Strings), nil unless :alive.
     Retained = Struct.new(:record_id, :class_name, :size, :weight, :gen_age, :status, :path, :root, :steps) do
       def alive?
         status == :alive
       end
     end
 
+    # The top sites searched (`sites`, Site rows), how many objects the search visited
+    # (`visited`) in how many seconds (`elapsed`), why it stopped early (`stopped`: :time_budget,
+    # :max_visited, or nil), whether objects lay deeper than max_depth (`depth_cut`), and the
+    # options it ran with (`limits`).
     attr_reader :sites, :visited, :elapsed, :stopped, :depth_cut, :limits
 
+    # Built by Recorder#retainers.
     def initialize(sites, visited:, elapsed:, stopped:, depth_cut:, limits:)
       @sites = sites.freeze
       @visited = visited
@@ -84,11 +95,13 @@ module DatadogHeap
       lines.join("\n")
     end
 
+    # Its counts of sites, objects and visited objects, and why it stopped, in one line.
     def inspect
       "#<#{self.class} sites=#{sites.size} objects=#{objects.size} visited=#{visited} stopped=#{stopped.inspect}>"
     end
 
 
+    # How the CLI shows the Retained `object`: its path, or why it has none.
     def self.describe(object)
       case object.status
       when :alive then object.path
