@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# Accuracy of both samplers at their default settings (issue 13, item 4): how close the live
+# Accuracy of both samplers at their default settings: how close the live
 # objects a profile estimates come to what the program really retains, on workloads that trip
 # samplers up:
 # - three sites retained in known numbers (20:5:1), interleaved with garbage;
@@ -86,7 +86,7 @@ end
 Bench.table(["scenario", "site", "countdown", "windowed"], rows)
 end
 
-# The countdown sampler by sample_every (issue 23): keep one String in four (`("v#{i}" * 2)`),
+# The countdown sampler by sample_every: keep one String in four (`("v#{i}" * 2)`),
 # estimate = the weights of the live Strings of that line. sigma is the sampling error expected
 # of an unbiased estimate (sqrt(kept * (sample_every - 1)) objects). The last row caps the
 # recorder at max_tracked_objects well below what is alive: records are thinned and reweighted.
@@ -137,7 +137,7 @@ Bench.header("bench/accuracy.rb: countdown estimate / kept by sample_every", ["#
 Bench.table(["sample_every", "kept", "ratio", "range", "sigma (relative)", "notes"], rows)
 end
 
-# The windowed sampler by windows_per_second (issue 22, the default sampler): a window's samples
+# The windowed sampler by windows_per_second (the default sampler): a window's samples
 # stand for the gap before it, so when what the program allocates changes between two windows
 # (here: a tight loop of Arrays, then Strings in bursts between pauses) the gap's allocations are
 # credited to the next window's sites. More windows, shorter gaps, less of that. Countdown at the

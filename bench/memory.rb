@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# Memory per tracked object and per distinct stack (issue 7, item 6).
+# Memory per tracked object and per distinct stack.
 #
 # Each measurement runs in a fresh child process (RSS only grows within a process): the objects
 # to track are allocated first and a GC run, then RSS (VmRSS) and the recorder's

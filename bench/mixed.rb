@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# Overhead on a realistic mix (issue 7, item 2): JSON generate and parse, an ERB render, string
+# Overhead on a realistic mix: JSON generate and parse, an ERB render, string
 # building, hashes of arrays, one result in 50 retained for the rest of the run. The iteration
 # count is calibrated to ~0.5 s of CPU per run without a recorder (0.15 s under BENCH_SMOKE):
 # many short rounds rather than a few long ones, so the median drops the rounds a neighbour's

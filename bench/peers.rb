@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 # The same question, "which sites hold the retained objects?", answered on the same workload by
-# three tools (issue 7, item 7):
+# three tools:
 # - ObjectSpace.trace_object_allocations during the run, then a walk of the live objects grouped
 #   by allocation site (file:line), summing ObjectSpace.memsize_of;
 # - memory_profiler (Debian package ruby-memory-profiler): its retained memory by location;

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# Recorder#retainers (issue 16) on a heap of about 1M objects (BENCH_SMOKE=1: 50k).
+# Recorder#retainers on a heap of about 1M objects (BENCH_SMOKE=1: 50k).
 #
 # The heap: a global Array of Arrays of 9 Strings each, plus what Ruby and the benchmark load.
 # Five sites of three sampled objects each, recorded through record_allocation; then:

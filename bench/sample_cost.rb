@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# Cost of one sample (issue 7, item 3): frame capture, interning, stack dedup and the pending-queue
+# Cost of one sample: frame capture, interning, stack dedup and the pending-queue
 # push, at stack depths 4 (shallow), 10, 50, 100 and 200, and the cost of committing a recording.
 #
 # Per depth, an allocation loop runs at that exact stack depth with sample_every: 1 (every

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# Profile build + encode time and pprof size (issue 7, item 5) for 10k/100k/1M tracked objects
+# Profile build + encode time and pprof size for 10k/100k/1M tracked objects
 # over 1k/10k distinct stacks (20 frames each, the innermost 2 distinct per stack), and how long
 # other threads are kept from running meanwhile.
 #

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# A real service under the profiler (issue 14): requests per second and latency of the example
+# A real service under the profiler: requests per second and latency of the example
 # service (examples/service/: Sinatra on a puma cluster, 2 workers x 4 threads, preload_app!)
 # under wrk on loopback (keep-alive, examples/service/load.lua's endpoint mix, one request in four
 # leaking), with and without the profiler, and each worker's memory after the run. An empty

@@ -1,7 +1,7 @@
 # frozen_string_literal: true
 
 # The example service's worker CPU per request with the recorder at its defaults on vs off,
-# measured inside each worker (issue 22: the +1% target). bench/service.rb compares whole runs,
+# measured inside each worker (the +1% target). bench/service.rb compares whole runs,
 # each its own cluster: on this shared 2-core machine two runs of the same cluster differ by up to
 # ±15% in CPU per request, more than the effect to measure. Here each worker switches the
 # recorder on and off every PHASE seconds (bench/service/toggle.rb) under one steady wrk load, so
@@ -10,7 +10,7 @@
 # Rows: "recorder on/off" switches a Recorder at its defaults (windowed, sample_every 4096, 100
 # windows/s, max_overhead 0.01; stop keeps what it tracks, so the tracked set grows over the run
 # as it would); "countdown recorder" the same with sampler: :countdown (sample_every 1024, the
-# default before issue 22);
+# default once);
 # "empty NEWOBJ hook" switches a hook that does nothing (the floor any NEWOBJ sampler pays on
 # this Ruby); "A/A (both off)" switches nothing, the method's own noise; "windowed at
 # TOGGLE_SAMPLE_EVERY" (mode dense, only when asked for) is the windowed sampler at that interval

@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# Update cost per tracked object (issue 7, item 4) at 10k, 100k and 1M tracked objects.
+# Update cost per tracked object at 10k, 100k and 1M tracked objects.
 #
 # Objects are set up through record_allocation and explicit commits (so the counts are exact),
 # 1000 distinct stacks of 5 frames, all objects alive Strings (sizes measured), all recorded
@@ -74,7 +74,7 @@ end
 Bench.table(["tracked", "update, all alive", "update, 50% dead", "young update, all old (skipped)",
   "update total, all alive", "setup", "dead found"], rows)
 
-# Full update (issue 27): every record of age >= 1 is looked at, and every one not measured while
+# Full update: every record of age >= 1 is looked at, and every one not measured while
 # frozen is measured again, so a profile reports sizes as of the profile. The cost of that
 # measuring: full updates with size_enabled true and false on the same records, alternated
 # round by round; and on frozen objects, which are measured once and then never again. Timed:

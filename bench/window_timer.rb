@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# The windowed sampler's timer (issue 22): windows opened per second against windows_per_second
+# The windowed sampler's timer: windows opened per second against windows_per_second
 # asked, next to a thread that allocates in a tight loop without ever blocking, and what the
 # windows cost. Before Ruby 3.3 the native timer signals the Ruby thread last seen running (see
 # ext/datadog_heap/src/runtime/windows.rs); the Ruby timer thread (DATADOG_HEAP_WINDOW_TIMER=ruby)

@@ -3,7 +3,7 @@
 require "spec_helper"
 require_relative "stress/stress_helper"
 
-# The overhead budget (max_overhead:, issue 22): the sampler keeps its own time under a share of
+# The overhead budget (max_overhead:): the sampler keeps its own time under a share of
 # the process's CPU time by raising its mean interval, lowers it again when there is room, and
 # weights each sample by the interval in force, so estimates stay unbiased. The process's CPU time
 # and the cost of a sample come from the Testing cost model (a fixed CPU cost per program

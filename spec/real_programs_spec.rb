@@ -4,8 +4,8 @@ require "spec_helper"
 require "tmpdir"
 require_relative "../bench/lib/real_programs"
 
-# Live objects per allocation site on real programs nobody here wrote, against exact truth
-# (issue 23): a jekyll build and a rubocop run (Debian packages), each in-process in a forked child
+# Live objects per allocation site on real programs nobody here wrote, against exact truth:
+# a jekyll build and a rubocop run (Debian packages), each in-process in a forked child
 # under ObjectSpace.trace_object_allocations and a recorder at exactly sample_every 64 or 1024
 # (max_overhead: nil: the overhead budget would raise the interval). Sites are file:line on both
 # sides, by the same rule (see bench/lib/real_programs.rb). For the 10 sites that truly hold the

@@ -613,7 +613,7 @@ fn sizes_refresh_until_frozen() {
 }
 
 /// An object frozen before any full update measured it: the young update that sees it first
-/// measures nothing, so the next full update must still measure it (issue 27: frozen objects
+/// measures nothing, so the next full update must still measure it (frozen objects
 /// reported at size 0); one that grew and froze after a measurement is measured once more.
 #[test]
 fn a_young_update_seeing_frozen_objects_does_not_stop_their_measuring() {
