@@ -27,6 +27,8 @@ module DatadogHeap
   # which the endpoint uses too.
   class CLI
     include Report::Text
+    # write_report and write_html_report, to this CLI's `out`.
+    include Report::Writing
     include ReportCommand
     include DiffCommand
     include RunCommand
@@ -101,21 +103,6 @@ module DatadogHeap
     rescue StandardError => e
       @err.puts("datadog-heap: internal error: #{e.class}: #{e.message}")
       EXIT_ERROR
-    end
-
-    # Writes what `datadog-heap report` prints for `profile` (a Profile) to this CLI's `out`; the
-    # options are the command's (by: :size or :count, group: a Profile::GROUPS member, wide: full
-    # paths, uncut). Tables fit Paths.terminal_width of `out`.
-    def write_report(profile, top: DEFAULT_TOP, by: :size, group: :site, app_root: Dir.pwd, wide: false)
-      report(profile, {top: top, by: by, group: group, app_root: app_root, wide: wide})
-      nil
-    end
-
-    # Writes the page `datadog-heap report --html` writes for `profile` to this CLI's `out`; the
-    # options as for #write_report.
-    def write_html_report(profile, top: DEFAULT_TOP, by: :size, group: :site, app_root: Dir.pwd, wide: false)
-      @out.write(report_page(profile, {top: top, by: by, group: group, app_root: app_root, wide: wide}))
-      nil
     end
 
     # The message of a failed system call as a reader wants it: the system's words and the path,
