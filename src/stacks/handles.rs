@@ -109,18 +109,25 @@ impl<'a> From<StackHandles<'a>> for HashedKey<'a> {
     }
 }
 
+/// Test aid: a key over `frames` and `lines` with a fixed salt (the stack cache's tests use it
+/// too).
+#[cfg(test)]
+pub(crate) fn stack_handles<'a>(
+    frames: &'a [u64],
+    lines: &'a [i32],
+    epoch: u64,
+) -> StackHandles<'a> {
+    StackHandles {
+        frames,
+        lines,
+        salt: 400,
+        epoch,
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::StackHandles;
-
-    fn stack_handles<'a>(frames: &'a [u64], lines: &'a [i32], epoch: u64) -> StackHandles<'a> {
-        StackHandles {
-            frames,
-            lines,
-            salt: 400,
-            epoch,
-        }
-    }
+    use super::stack_handles;
 
     #[test]
     fn near_identical_stacks_differ_in_both_hashes() {

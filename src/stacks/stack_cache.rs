@@ -196,6 +196,7 @@ impl StackCache {
 mod tests {
     use super::*;
     use crate::stacks::frame::Frame;
+    use crate::stacks::handles::stack_handles;
     use std::sync::Arc;
 
     fn stack(line: i32) -> Stack {
@@ -206,15 +207,6 @@ mod tests {
                 line,
             }][..],
         )
-    }
-
-    fn stack_handles<'a>(frames: &'a [u64], lines: &'a [i32], epoch: u64) -> StackHandles<'a> {
-        StackHandles {
-            frames,
-            lines,
-            salt: 400,
-            epoch,
-        }
     }
 
     fn key<'a>(frames: &'a [u64], lines: &'a [i32], epoch: u64) -> HashedKey<'a> {
