@@ -27,13 +27,7 @@ module DatadogHeap
       shrank = diffs.select { |d| d.public_send(change) < 0 }.sort_by { |d| d.public_send(change) }
       graph = flame.stacks.zero? ? "<p>No live objects in the new profile.</p>" : flame.svg
       <<~HTML
-        <!DOCTYPE html>
-        <html lang="en">
-        <head>
-        <meta charset="utf-8">
-        <meta name="viewport" content="width=device-width, initial-scale=1">
-        <title>datadog-heap diff: #{h(title)}</title>
-        <style>#{ReportHtml.style}</style>
+        #{ReportHtml.head("datadog-heap diff: #{title}")}
         </head>
         <body>
         <h1>Live heap diff: #{h(title)}</h1>

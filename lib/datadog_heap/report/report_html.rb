@@ -68,13 +68,7 @@ module DatadogHeap
       graph = flame.svg
       measure = flame.measure == :bytes ? "bytes" : "objects"
       <<~HTML
-        <!DOCTYPE html>
-        <html lang="en">
-        <head>
-        <meta charset="utf-8">
-        <meta name="viewport" content="width=device-width, initial-scale=1">
-        <title>datadog-heap report: #{h(name(profile))}</title>
-        <style>#{style}</style>
+        #{head("datadog-heap report: #{name(profile)}")}
         </head>
         <body>
         <h1>Live heap: #{h(name(profile))}</h1>
@@ -108,6 +102,20 @@ module DatadogHeap
         (#{paths.wide? ? "here in full: --wide" : "--wide shows them in full"}); hover over a site for its full path.</footer>
         </body>
         </html>
+      HTML
+    end
+
+    # The page's <!DOCTYPE> and <head> up to its one <style> element, for a page titled `title`
+    # (escaped here); the report's and the diff's pages open with it.
+    def head(title)
+      <<~HTML.chomp
+        <!DOCTYPE html>
+        <html lang="en">
+        <head>
+        <meta charset="utf-8">
+        <meta name="viewport" content="width=device-width, initial-scale=1">
+        <title>#{h(title)}</title>
+        <style>#{style}</style>
       HTML
     end
 
