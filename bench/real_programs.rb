@@ -27,9 +27,9 @@ require "tmpdir"
 # REAL_PROGRAMS_EVERY=defaults: a Recorder.new with nothing given (the sampler, interval and
 # budget a user gets), its interval at the end standing for it in the error columns.
 # The windowed sampler's knobs, with REAL_PROGRAMS_AS_USER=1 (bench/lib/real_programs.rb):
-# REAL_PROGRAMS_WINDOWS=N windows a second, REAL_PROGRAMS_WINDOW_MEAN=M (the mean interval inside
-# windows, 64 by default), REAL_PROGRAMS_GAP_SHARING=0 (each gap credited to the window after it
-# only). REAL_PROGRAMS_EXCESS=1 prints each run's sites whose estimate is furthest from the truth.
+# REAL_PROGRAMS_WINDOWS=N ticks a second of the window timer, REAL_PROGRAMS_WINDOW_MEAN=M (the mean
+# interval inside windows, 64 by default). REAL_PROGRAMS_EXCESS=1 prints each run's sites whose
+# estimate is furthest from the truth.
 SAMPLE_EVERYS = ENV["REAL_PROGRAMS_EVERY"]&.split(",")&.map { |e| (e == "defaults") ? :defaults : Integer(e, 10) } ||
   Bench.pick([64, 1024], [64])
 RUNS = Integer(ENV.fetch("RUNS", "1"))

@@ -7,9 +7,9 @@
 # 2. an entry in an ObjectSpace::WeakMap whose object dies young, all in: `map[i] = o` once per
 #    4096 allocations against the same call on a plain object (before Ruby 3.3 the entry defines
 #    a finalizer, which runs when the object dies);
-# 3. a window: the windowed sampler at sample_every 2**20 (windows of about one allocation, so
-#    nearly nothing but the windows themselves) at 10 and 1000 windows a second, no budget: the
-#    extra CPU over the extra windows, and the part of it the gem's own threads ran (the timer;
+# 3. a tick of the window timer: the windowed sampler at sample_every 2**20 (windows far apart, so
+#    nearly nothing but the ticks themselves) at 10 and 1000 ticks a second, no budget: the
+#    extra CPU over the extra ticks, and the part of it the gem's own threads ran (the timer;
 #    from /proc), beside the floor any timer thread pays here: a bare native thread sleeping
 #    1 ms on a condition variable and waking, a thousand times.
 # Variants alternate round by round; process CPU time; medians.
@@ -95,7 +95,7 @@ res = Bench.alternate(%i[none w10 w1000], ROUNDS) do |v|
   seconds = Bench.cpu - t
   after = thread_run_ns
   if rec
-    (windows[v] ||= []) << rec.stats[:sampler_windows_opened]
+    (windows[v] ||= []) << rec.stats[:sampler_window_ticks]
     timers = after.keys.grep(/\Adatadog_heap/)
     (timer_ns[v] ||= []) << timers.sum { |k| after[k] - before[k] }
   end
@@ -108,7 +108,7 @@ more = Bench.median(windows[:w1000]) - Bench.median(windows[:w10])
 in_timer = Bench.median(timer_ns[:w1000].zip(timer_ns[:w10]).map { |a, b| a - b })
 floor = Bench.median(Array.new(3) { DatadogHeap::Testing._native_sleep_wake_floor(Bench.pick(1000, 50), 1000) })
 timer = DatadogHeap._native_native_window_timer ? "native" : "Ruby thread"
-Bench.table(["windows of ~1 allocation (#{timer} timer)", "windows per run", "CPU per window",
+Bench.table(["timer ticks (#{timer} timer)", "ticks per run", "CPU per tick",
   "of which the gem's own threads", "a bare native thread's sleep and wake"],
   [["1000/s against 10/s, #{N_WINDOWS} BasicObject.new", "#{Bench.median(windows[:w1000]).round} vs #{Bench.median(windows[:w10]).round}",
     Bench.ns(extra * 1e9 / [more, 1].max), Bench.ns(in_timer.to_f / [more, 1].max), Bench.ns(floor)]])

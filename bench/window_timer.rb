@@ -1,6 +1,6 @@
 # frozen_string_literal: true
 
-# The windowed sampler's timer: windows opened per second against windows_per_second
+# The windowed sampler's timer: ticks per second against windows_per_second (the timer's rate)
 # asked, next to a thread that allocates in a tight loop without ever blocking, and what the
 # windows cost. Before Ruby 3.3 the native timer signals the Ruby thread last seen running (see
 # ext/datadog_heap/src/runtime/windows.rs); the Ruby timer thread (DATADOG_HEAP_WINDOW_TIMER=ruby)
@@ -27,7 +27,7 @@ CHILD = <<~RUBY
   stop = true
   busy.join
   elapsed = Process.clock_gettime(Process::CLOCK_MONOTONIC) - t
-  opened = rec.stats[:sampler_windows_opened]
+  opened = rec.stats[:sampler_window_ticks]
   rec.stop
   print Marshal.dump([DatadogHeap._native_native_window_timer, opened / elapsed])
 RUBY
@@ -38,7 +38,7 @@ def child(env, rate)
   Marshal.load(out) # rubocop:disable Security/MarshalLoad
 end
 
-Bench.header("bench/window_timer.rb: windows opened per second next to a busy thread",
+Bench.header("bench/window_timer.rb: window timer ticks per second next to a busy thread",
   ["#{ROUNDS} rounds of #{SECONDS} s per cell, median (min..max); a thread allocating \"x\" * 10 in a loop, windowed sampler, no budget"])
 
 rows = RATES.map do |rate|

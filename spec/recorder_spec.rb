@@ -197,14 +197,14 @@ RSpec.describe DatadogHeap::Recorder do
       expect(rec.stats).to include(pending_recordings_count: 0, lifetime_deferred_recordings_committed: 3)
     end
 
-    it "fills at 256, counts the overflow, and says in the profile that estimates are low" do
-      keep = Array.new(300) { Object.new }
+    it "fills at 4096, counts the overflow, and says in the profile that estimates are low" do
+      keep = Array.new(4096 + 44) { Object.new }
       results = keep.map { |o| record(rec, o) }
-      expect(results.count(true)).to eq(256)
-      expect(rec.stats).to include(pending_recordings_count: 256, lifetime_deferred_recordings_skipped_buffer_full: 44)
-      expect(rec.commit).to eq(256)
+      expect(results.count(true)).to eq(4096)
+      expect(rec.stats).to include(pending_recordings_count: 4096, lifetime_deferred_recordings_skipped_buffer_full: 44)
+      expect(rec.commit).to eq(4096)
       expect(DatadogHeap::Profile.parse(rec.profile).comments)
-        .to include(a_string_starting_with("datadog_heap: estimates are low: 44 recordings were dropped unrecorded (44 with the pending queue full (256)"))
+        .to include(a_string_starting_with("datadog_heap: estimates are low: 44 recordings were dropped unrecorded (44 with the pending queue full (4096)"))
     end
 
     it "commits through the postponed job without an explicit commit" do

@@ -105,20 +105,20 @@ RSpec.describe "DatadogHeap.native_window_timer_safe?" do
     end
   end
 
-  it "runs the timer as a Ruby thread when asked to, and windows still open" do
+  it "runs the timer as a Ruby thread when asked to, and it still ticks" do
     result = IO.popen([RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-rdatadog_heap", "-e", <<~RUBY], &:read)
       DatadogHeap._native_use_ruby_timer(true)
       rec = DatadogHeap::Recorder.new(sampler: :windowed, windows_per_second: 200)
       rec.start
       deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
       keep = []
-      until rec.stats[:sampler_windows_opened] >= 5 || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+      until rec.stats[:sampler_window_ticks] >= 5 || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
         keep << Object.new
         sleep 0.001 if keep.size % 1000 == 0
       end
       threads = Thread.list.count { |t| t.name == "datadog_heap window timer" }
       rec.stop
-      print Marshal.dump([DatadogHeap._native_native_window_timer, threads, rec.stats[:sampler_windows_opened] >= 5])
+      print Marshal.dump([DatadogHeap._native_native_window_timer, threads, rec.stats[:sampler_window_ticks] >= 5])
     RUBY
     native, threads, opened = Marshal.load(result) # rubocop:disable Security/MarshalLoad
     expect([native, threads, opened]).to eq([false, 1, true])
@@ -133,15 +133,15 @@ RSpec.describe "DatadogHeap.native_window_timer_safe?" do
       srand(1234)
       keep = []
       drawn = Array.new(10) do
-        opened = rec.stats[:sampler_windows_opened]
+        opened = rec.stats[:sampler_window_ticks]
         deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + 5
-        until rec.stats[:sampler_windows_opened] >= opened + 2 || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
+        until rec.stats[:sampler_window_ticks] >= opened + 2 || Process.clock_gettime(Process::CLOCK_MONOTONIC) > deadline
           keep << Object.new
           sleep 0.001 if keep.size % 1000 == 0
         end
         rand
       end
-      opened = rec.stats[:sampler_windows_opened]
+      opened = rec.stats[:sampler_window_ticks]
       rec.stop
       print Marshal.dump([DatadogHeap._native_native_window_timer, opened, drawn])
     RUBY
@@ -157,9 +157,9 @@ RSpec.describe "DatadogHeap.native_window_timer_safe?" do
 
   # Before 3.3 the native timer thread cannot ask for the job itself: it signals the Ruby thread
   # last seen running (see windows.rs). A Ruby thread doing the sleeping gets the GVL back from a
-  # CPU-bound thread only every 100 ms (about 10 windows a second); the signal reaches the thread
+  # CPU-bound thread only every 100 ms (about 10 ticks a second); the signal reaches the thread
   # that holds it. Counts in a fork too, where the threads seen were the parent's.
-  it "opens windows at the asked rate next to a CPU-bound thread, also in a forked child", :heavy do
+  it "ticks at the asked rate next to a CPU-bound thread, also in a forked child", :heavy do
     script = <<~RUBY
       def windows_next_to_a_busy_thread
         rec = DatadogHeap::Recorder.new(sampler: :windowed, windows_per_second: 200, max_overhead: nil)
@@ -169,7 +169,7 @@ RSpec.describe "DatadogHeap.native_window_timer_safe?" do
         sleep 2
         stop = true
         busy.join
-        result = [rec.stats[:sampler_windows_opened], Thread.list.count { |t| t.name == "datadog_heap window timer" }]
+        result = [rec.stats[:sampler_window_ticks], Thread.list.count { |t| t.name == "datadog_heap window timer" }]
         rec.stop
         result
       end

@@ -152,7 +152,6 @@ module RealPrograms
     if (mean = ENV["REAL_PROGRAMS_WINDOW_MEAN"])
       DatadogHeap::Testing._native_set_window_sample_every(Integer(mean, 10))
     end
-    DatadogHeap::Testing._native_set_gap_sharing(rec, false) if ENV["REAL_PROGRAMS_GAP_SHARING"] == "0"
     rec.start
     started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
     $real_programs_kept = program[:run].call(dir)

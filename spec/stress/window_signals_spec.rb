@@ -43,14 +43,14 @@ RSpec.describe "window timer signals", :stress do
       pipes.each { |_, writer| writer.write("x") }
       blocked.each(&:join)
       GC.start
-      [stats[:sampler_windows_opened] / elapsed, DatadogHeap::Testing._native_window_signals, finalized,
+      [stats[:sampler_window_ticks] / elapsed, DatadogHeap::Testing._native_window_signals, finalized,
         DatadogHeap._native_native_window_timer]
     end
     rate, signals, finalized, native = result
     expect(finalized).to be > 0
-    # 1000 asked a second; the busy thread gets a window at most about every 1 ms. The Ruby timer
+    # 1000 asked a second; the busy thread gets a tick at most about every 1 ms. The Ruby timer
     # thread (3.3.0 with M:N threads, no free signal) reaches about 10 a second.
-    expect(rate).to be > (native ? 300 : 5), "#{rate.round} windows a second, signals #{signals.inspect}"
+    expect(rate).to be > (native ? 300 : 5), "#{rate.round} ticks a second, signals #{signals.inspect}"
     if signals && native
       registered, _not_owner = signals
       expect(registered).to be > 0

@@ -30,7 +30,7 @@ pub use iteration::{LiveObject, Names, Snapshot};
 pub use update::{UpdateKind, UpdateOutcome};
 
 /// Most recordings that may wait for a commit.
-pub const MAX_PENDING_RECORDINGS: usize = 256;
+pub const MAX_PENDING_RECORDINGS: usize = 4096;
 
 /// What the recorder knows of one tracked object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +52,10 @@ pub struct LiveObjectData {
     /// updates do not measure it again. Set only where a size is measured: a young update sees
     /// frozen objects too, but measures nothing, and its `frozen` must not stop the measuring.
     pub size_final: bool,
+    /// The stretch of allocations it was sampled in, when the sampler watches stretches all
+    /// together or not at all (a sampling window); 0 when it was sampled on its own. The
+    /// profile's variances sum each cluster's estimate before squaring it (see `pprof::encode`).
+    pub cluster: u64,
 }
 
 /// A recording waiting for its object to enter the liveness table.

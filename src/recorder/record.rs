@@ -120,7 +120,7 @@ impl HeapRecorder {
         source: &S,
         alloc_gen: u64,
     ) -> Result<Recorded> {
-        self.record_sampled_allocation(object, weight, class_name, source, alloc_gen, false)
+        self.record_sampled_allocation(object, weight, class_name, source, alloc_gen, false, 0)
     }
 
     /// [`HeapRecorder::record_allocation_from`], saying whether the VM allocated the object
@@ -128,7 +128,8 @@ impl HeapRecorder {
     /// their class before the program sees them (String#encode's result); others stay the VM's
     /// own. The commit keeps a recording made `hidden_at_birth` only if the object is no longer
     /// hidden then ([`Vm::is_hidden`]); otherwise it drops it, counted in
-    /// `recordings_dropped_hidden`.
+    /// `recordings_dropped_hidden`. `cluster`: see [`LiveObjectData::cluster`].
+    #[allow(clippy::too_many_arguments)]
     pub fn record_sampled_allocation<S: FrameSource + ?Sized>(
         &self,
         object: ObjectRef,
@@ -137,6 +138,7 @@ impl HeapRecorder {
         source: &S,
         alloc_gen: u64,
         hidden_at_birth: bool,
+        cluster: u64,
     ) -> Result<Recorded> {
         let mut state = self.state()?;
         let mut pending = self.pending()?;
@@ -149,7 +151,7 @@ impl HeapRecorder {
             class_name,
             source,
             alloc_gen,
-            hidden_at_birth,
+            (hidden_at_birth, cluster),
         );
         if result.is_err() {
             state.lifetime.recordings_failed += 1;
@@ -167,7 +169,7 @@ impl HeapRecorder {
         class_name: Option<&str>,
         source: &S,
         alloc_gen: u64,
-        hidden_at_birth: bool,
+        (hidden_at_birth, cluster): (bool, u64),
     ) -> Result<Recorded> {
         // Anything pending asks for a commit, even when this allocation is skipped: a commit that
         // was asked for earlier may not have run yet.
@@ -247,6 +249,7 @@ impl HeapRecorder {
                 gen_age: 0,
                 frozen: false,
                 size_final: false,
+                cluster,
             },
             hidden_at_birth,
         });

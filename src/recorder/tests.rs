@@ -77,6 +77,7 @@ fn commit_drops_objects_still_hidden_and_keeps_revealed_ones() {
                 frames("b", line).as_slice(),
                 vm.gc,
                 true,
+                0,
             )
             .unwrap();
         assert_eq!(r.outcome, RecordOutcome::Pending);
@@ -268,13 +269,13 @@ fn buffer_full_is_counted_and_still_asks_for_a_commit() {
         assert!(r.needs_commit);
     }
     let s = rec.stats().unwrap();
-    assert_eq!(s.pending_recordings_count, 256);
+    assert_eq!(s.pending_recordings_count, MAX_PENDING_RECORDINGS as u64);
     assert_eq!(s.lifetime.deferred_recordings_skipped_buffer_full, 44);
     // The profile says its estimates are low, and why.
     rec.commit(&mut vm).unwrap();
     let snapshot = rec.prepare_iteration(&mut vm).unwrap();
     assert!(
-        (snapshot.notes().iter()).any(|n| n.contains("estimates are low: 44 recordings were dropped unrecorded (44 with the pending queue full (256)")),
+        (snapshot.notes().iter()).any(|n| n.contains("estimates are low: 44 recordings were dropped unrecorded (44 with the pending queue full (4096)")),
         "{:?}",
         snapshot.notes()
     );

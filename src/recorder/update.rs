@@ -24,7 +24,7 @@ pub const WALK_MAX_RECORDS: usize = 300_000;
 
 /// The share of `max_tracked_objects` (numerator, denominator) at which commits and updates thin
 /// the records (see `adjust_thinning`): room is left for the recordings that arrive before the
-/// next commit (the pending queue holds 256).
+/// next commit (the pending queue holds 4096).
 pub const THIN_AT: (usize, usize) = (15, 16);
 
 /// How many tracked objects make `cap` thin its records (see [`THIN_AT`]).

@@ -93,14 +93,6 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
         ),
     )?;
     testing.define_singleton_method("_native_set_stack_cache", function!(set_stack_cache, 2))?;
-    // When false, windowed sampling credits each gap to the window after it only.
-    testing.define_singleton_method(
-        "_native_set_gap_sharing",
-        function!(
-            |rec: &Recorder, enabled: bool| rec.session().sampler.set_gap_sharing(enabled),
-            2
-        ),
-    )?;
     // When false, recordings wait for an explicit `commit`.
     testing.define_singleton_method(
         "_native_set_postponed_commits",

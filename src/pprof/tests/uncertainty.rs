@@ -154,3 +154,63 @@ fn unsampled_objects_add_no_variance() {
     assert_eq!(variance_terms(3, 10), (6, 600));
     assert_eq!(variance_terms(u64::MAX, usize::MAX), (i64::MAX, i64::MAX));
 }
+
+/// Records `(class, cluster)` objects of weight 16 and 40 bytes, all at one line.
+fn record_clustered(w: &mut World, objects: &[(&str, u64)]) {
+    for &(class, cluster) in objects {
+        let object = w.vm.alloc(40);
+        let frames = [NamedFrame {
+            name: "leak",
+            filename: "app.rb",
+            line: 1,
+        }];
+        let r = (w.rec)
+            .record_sampled_allocation(
+                object,
+                16,
+                Some(class),
+                &frames[..],
+                w.vm.gc,
+                false,
+                cluster,
+            )
+            .unwrap();
+        assert_eq!(r.outcome, RecordOutcome::Pending);
+    }
+    w.rec.commit(&mut w.vm).unwrap();
+}
+
+#[test]
+fn samples_of_one_window_add_the_square_of_their_sum() {
+    // A windowed sampler watches a stretch all together or not at all: three samples of weight
+    // 16 from one window are one draw of 48, whose variance bound is 48², not 3 · 16 · 15.
+    let mut w = World::new(true);
+    record_clustered(
+        &mut w,
+        &[("Hash", 7), ("Hash", 7), ("Hash", 7), ("String", 9)],
+    );
+    let p = encode_with(&mut w, &options());
+    let sites = top_sites(&p, 10, SortBy::Count);
+    let hash = site(&sites, "Hash");
+    assert_eq!(hash.samples, Some(3));
+    assert_eq!(hash.objects_stddev, Some(48.0));
+    assert_eq!(hash.bytes_stddev, Some(48.0 * 40.0));
+    assert_eq!(site(&sites, "String").objects_stddev, Some(16.0));
+}
+
+#[test]
+fn windows_add_up_as_independent_draws() {
+    // Two windows of two samples each: (32² + 32²), against 4 · 16 · 15 had they been sampled
+    // one by one.
+    let mut w = World::new(true);
+    record_clustered(
+        &mut w,
+        &[("Hash", 1), ("Hash", 1), ("Hash", 2), ("Hash", 2)],
+    );
+    let p = encode_with(&mut w, &options());
+    let sites = top_sites(&p, 10, SortBy::Count);
+    assert_eq!(
+        site(&sites, "Hash").objects_stddev,
+        Some((2.0 * 32.0f64 * 32.0).sqrt())
+    );
+}

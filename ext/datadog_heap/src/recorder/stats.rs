@@ -42,10 +42,17 @@ pub(super) fn stats_hash(ruby: &Ruby, session: &Session) -> Result<RHash, Error>
         ("sampler_time_ns_total", st.sampling_ns_total),
         ("sampler_time_ns_max", st.sampling_ns_max),
         ("sampler_windows_opened", st.windows_opened),
-        ("sampler_windows_still_open", st.windows_still_open),
-        ("sampler_window_gaps_shared", st.window_gaps_shared),
-        ("sampler_window_rescales_lost", st.window_rescales_lost),
         ("sampler_window_allocations", st.window_allocations),
+        ("sampler_window_ticks", st.window_ticks),
+        (
+            "sampler_window_armed_allocations",
+            st.window_armed_allocations,
+        ),
+        (
+            "sampler_window_late_allocations",
+            st.window_late_allocations,
+        ),
+        ("sampler_windows_spanned", st.windows_spanned),
     ] {
         hash.aset(ruby.to_symbol(key), value)?;
     }

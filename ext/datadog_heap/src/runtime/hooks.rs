@@ -68,10 +68,11 @@ fn on_newobj(event: &NewObj) {
                     continue;
                 }
                 let tick = session.sampler.tick(mode);
-                if tick.closed {
-                    // The commit job removes the hook if nothing else wants it (never removed
-                    // from inside the hook itself).
-                    jobs::request_commit();
+                if tick.boundary {
+                    // The window opens or closes at the next interrupt check, in the window job
+                    // (which also removes the hook when nothing wants it: never from inside the
+                    // hook itself).
+                    jobs::request_window();
                 }
                 if !tick.due {
                     continue;

@@ -32,7 +32,7 @@ pub use session::Session;
 pub use windows::{
     native_timer as native_window_timer, problem as window_timer_problem,
     signal_counts as window_signal_counts, signal_number as window_signal_number,
-    tick as window_tick, use_ruby_thread as use_ruby_timer,
+    tick_from_ruby_timer as window_tick, use_ruby_thread as use_ruby_timer,
 };
 
 struct Listed {
@@ -163,10 +163,7 @@ pub fn start(session: &Arc<Session>) -> Result<(), StartRefused> {
 pub fn stop(session: &Session) -> bool {
     let was = session.is_running();
     if was {
-        let now = busy::program_allocations();
-        session
-            .sampler
-            .close_out(session.config, now, &session.core);
+        session.sampler.close_out();
     }
     session.set_running(false);
     // Nothing is sampled until the next start, by when the frames it names may be gone.

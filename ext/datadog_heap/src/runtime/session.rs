@@ -6,7 +6,6 @@
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
 
 use datadog_heap_core::{CommitOutcome, HeapRecorder, RecorderOptions, UpdateKind};
 use magnus::{rb_sys::FromRawValue, Error, Ruby, Value};
@@ -364,7 +363,7 @@ impl Session {
 
     /// Runs `work`, a job's share of our own work: its thread CPU time counts against the
     /// overhead budget (`rare` work is always timed, the rest one time in sixteen: see
-    /// budget.rs), its wall time is left out of the windowed sampler's gap rates.
+    /// budget.rs).
     fn own_work(&self, rare: bool, work: impl FnOnce()) {
         let budget = &self.sampler.budget;
         let started = if rare {
@@ -372,9 +371,7 @@ impl Session {
         } else {
             budget.start()
         };
-        let wall = Instant::now();
         work();
-        self.sampler.add_own_time(wall.elapsed().as_nanos() as u64);
         self.sampler.budget.charge_since(started);
     }
 

@@ -51,6 +51,75 @@ fn uniform() -> f64 {
     (x >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// How far ahead of a window's start (checkpoint placement) the hook is armed, in time at the
+/// program's current allocation rate; never fewer than [`MIN_HORIZON`] allocations.
+const ARM_AHEAD_S: f64 = 1e-3;
+const MIN_HORIZON: u64 = 256;
+/// The shortest window, in time at the program's allocation rate: twice the horizon, so arming
+/// costs at most half what the window does (the gaps grow with the windows, so the share
+/// watched stays the same).
+const MIN_WINDOW_S: f64 = 2e-3;
+const MAX_WINDOW: u64 = 1 << 22;
+/// A window job that runs within this long of the timer's request ran promptly: no C call or GC
+/// held it up (see `Checkpoints::on_check`).
+const PROMPT_NS: u64 = 200_000;
+
+/// When the native timer last asked for the window job (monotonic ns; 0: not since the last job).
+static ASKED_AT_NS: AtomicU64 = AtomicU64::new(0);
+
+/// (The timer asked for this job, it ran promptly after); forgets the request.
+fn timer_request() -> (bool, bool) {
+    let asked = ASKED_AT_NS.swap(0, Ordering::Relaxed);
+    let now = shims::clock_ns(shims::Clock::Monotonic);
+    (
+        asked != 0,
+        asked != 0 && now.saturating_sub(asked) < PROMPT_NS,
+    )
+}
+
+/// The Ruby timer thread's tick (`DatadogHeap::WindowTimer`): one the timer asked for.
+pub fn tick_from_ruby_timer(ruby: &Ruby) -> Option<f64> {
+    ASKED_AT_NS.store(shims::clock_ns(shims::Clock::Monotonic), Ordering::Relaxed);
+    tick(ruby)
+}
+/// The soonest the timer ticks again when a window's start is near.
+const MIN_TICK_NS: u64 = 200_000;
+
+/// The program's allocation rate as the ticks see it (for arming windows in time).
+struct Pace {
+    /// The program's allocation count, the time and the GC count at the last tick.
+    last: Option<(u64, std::time::Instant, u64)>,
+    /// Allocations per second: the last stretch's, or nine tenths of the previous estimate if
+    /// higher, from stretches without a GC only (a GC pauses the program, after which it
+    /// allocates at full speed again). A rate that falls is believed slowly, so ticks come early
+    /// rather than late.
+    rate: f64,
+}
+
+static PACE: shims::GvlCell<Pace> = shims::GvlCell::new(Pace {
+    last: None,
+    rate: 0.0,
+});
+
+crate::gvl_guarded!(fn with_pace over PACE: Pace);
+
+/// Updates the allocation rate with the count `now` and the GC count `gcs`; returns it (0 when
+/// not known yet).
+fn pace(now: u64, gcs: u64) -> f64 {
+    let at = std::time::Instant::now();
+    with_pace(|p| {
+        if let Some((count, then, gcs_then)) = p.last {
+            let secs = at.duration_since(then).as_secs_f64();
+            if secs > 1e-5 && now >= count && gcs == gcs_then {
+                let rate = (now - count) as f64 / secs;
+                p.rate = rate.max(p.rate * 0.9);
+            }
+        }
+        p.last = Some((now, at, gcs));
+        p.rate
+    })
+}
+
 /// One tick of the window timer. GVL held; may run Ruby code (young updates use the WeakMaps),
 /// where other threads may stop or start sessions. Returns the timer's rate after it, read once
 /// the tick is over (so a stop meanwhile is seen), `None` when no windowed session runs any more.
@@ -59,6 +128,12 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
     let running = sessions(|s| s.is_running() && rate_of(s).is_some());
     let timer_rate = timer_rate(running.iter().map(|s| &**s));
     let gc_count = shims::gc_count();
+    let rate = pace(super::busy::program_allocations(), gc_count);
+    let horizon = ((rate * ARM_AHEAD_S) as u64).max(MIN_HORIZON);
+    let min_length = ((rate * MIN_WINDOW_S) as u64).min(MAX_WINDOW);
+    let (asked, prompt) = timer_request();
+    // The soonest a checkpoint session needs the next tick, in allocations.
+    let mut soonest: Option<u64> = None;
     for session in &running {
         // Kept on this stack, so the GC's conservative scan marks it while we use it (as jobs do).
         let map = std::hint::black_box(session.weak_map_raw());
@@ -70,19 +145,35 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
         if session.note_gc_count(gc_count) {
             session.young_update_from_job(ruby);
         }
-        if let (Some(rate), Some(top)) = (rate_of(session), timer_rate) {
-            if rate >= top || uniform() < rate / top {
-                let now = super::busy::program_allocations();
-                session
-                    .sampler
-                    .open_window(session.config, now, &session.core);
-            }
-        }
+        let now = super::busy::program_allocations();
+        let ahead =
+            (session.sampler).check(session.config, now, horizon, min_length, (asked, prompt));
+        soonest = match (soonest, ahead) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         std::hint::black_box(&map);
     }
     sync_hooks();
+    if let (Some(ahead), Some(top)) = (soonest, timer_rate) {
+        // Come back at most halfway to where the count should be half the horizon short of
+        // the start: the rate may rise meanwhile, and each tick measures it again.
+        if rate > 0.0 {
+            let secs = 0.5 * ahead.saturating_sub(horizon / 2) as f64 / rate;
+            let ns = (secs * 1e9).clamp(MIN_TICK_NS as f64, 1e9 / top);
+            hurry(ns as u64);
+        }
+    }
     let after = sessions(|s| s.is_running() && rate_of(s).is_some());
     self::timer_rate(after.iter().map(|s| &**s))
+}
+
+/// Asks the native timer to tick again within `ns` nanoseconds (a window's start is near). The
+/// Ruby timer thread keeps its own pace.
+fn hurry(ns: u64) {
+    if native(false) {
+        native::hurry(ns);
+    }
 }
 
 /// Draws the time to the next tick, in nanoseconds: uniform between half and one and a half
@@ -176,6 +267,7 @@ pub fn shutdown() {
 
 /// Asks for the window job from the timer thread.
 fn request_tick() {
+    ASKED_AT_NS.store(shims::clock_ns(shims::Clock::Monotonic), Ordering::Relaxed);
     #[cfg(ruby_gte_3_3)]
     super::jobs::request_window();
     #[cfg(not(ruby_gte_3_3))]
@@ -347,6 +439,7 @@ pub fn signal_counts() -> Option<(u64, u64)> {
 }
 
 mod native {
+    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::{Arc, Condvar, Mutex};
     use std::thread::JoinHandle;
     use std::time::Duration;
@@ -366,6 +459,10 @@ mod native {
 
     static TIMER: GvlCell<Option<Timer>> = GvlCell::new(None);
 
+    /// A sooner tick asked for by the last tick (nanoseconds from when the timer reads it; 0:
+    /// none), see `hurry`.
+    static SOONER_NS: AtomicU64 = AtomicU64::new(0);
+
     crate::gvl_guarded!(fn with over TIMER: Option<Timer>);
 
     fn run(shared: Arc<Shared>) {
@@ -373,7 +470,12 @@ mod native {
             return;
         };
         while let Some(r) = *rate {
-            let delay = Duration::from_nanos(super::next_delay_ns(r));
+            let usual = super::next_delay_ns(r);
+            let delay = match SOONER_NS.swap(0, Ordering::Relaxed) {
+                0 => usual,
+                sooner => sooner.min(usual),
+            };
+            let delay = Duration::from_nanos(delay);
             rate = match shared.wake.wait_timeout(rate, delay) {
                 Ok((guard, timeout)) => {
                     if timeout.timed_out() && guard.is_some() {
@@ -420,6 +522,21 @@ mod native {
             // Quick: the thread wakes at once and needs neither the GVL nor anything we hold.
             let _ = timer.thread.join();
         }
+    }
+
+    /// Wakes the timer to tick again within `ns` nanoseconds. GVL held. The timer's lock is
+    /// taken around the request so the wake cannot fall between its read and its wait.
+    pub fn hurry(ns: u64) {
+        let shared = with(|timer| timer.as_ref().map(|t| t.shared.clone()));
+        let Some(shared) = shared else { return };
+        match shared.rate.lock() {
+            Ok(guard) => {
+                SOONER_NS.store(ns.max(1), Ordering::Relaxed);
+                drop(guard);
+            }
+            Err(_) => return,
+        };
+        shared.wake.notify_all();
     }
 
     /// In a forked child: the timer thread was not copied, and its lock may have been held by it

@@ -6,26 +6,19 @@
 //! sample:
 //! - countdown: a geometric countdown with mean `sample_every` over every allocation. The NEWOBJ
 //!   hook is installed all the time, and with it CRuby sends every allocation down its slow path.
-//! - windowed: the hook is installed only for windows that a timer opens at random times. A window
-//!   covers the next `share * gap` allocations, where `gap` is how many the VM made since the
-//!   previous window closed (the VM's counter, `total_allocated_objects`, less the allocations of
-//!   our own work, which the hook does not count inside windows either) and `share` is
-//!   `m / (sample_every - m)`. Inside, a geometric countdown with mean `m` (`WINDOW_SAMPLE_EVERY`,
-//!   or half of a smaller `sample_every`) takes the samples, each weighted by its interval times
-//!   `(gap + window) / window`, so a window's samples stand for the gap before it as well:
-//!   allocation rates may change between windows without biasing the estimate. Between windows no
-//!   hook is installed and allocations run at full speed.
-//!
-//!   Once the window after a gap has closed too, part of the gap may go back to the window before
-//!   it, by the program's allocation rates before and after the gap (see [`share_of_gap_before`]
-//!   and `share_last_gap`): the earlier window's records' weights are scaled up and the later
-//!   one's down. Where the program slows down inside a gap (a switch of workload at a point in
-//!   time the timer does not know), crediting the whole gap to the later window gave the earlier
-//!   workload's allocations to the later one's sites.
+//! - windowed: the hook is installed only for windows placed along the program's allocations (the
+//!   VM's counter, `total_allocated_objects`, less the allocations of our own work, which the
+//!   hook does not count either), a share `d = m / sample_every` of them, opened and closed at the
+//!   VM's interrupt checks (see `checkpoints`). Inside, a geometric countdown with mean `m`
+//!   (`WINDOW_SAMPLE_EVERY`, or half of a smaller `sample_every`) takes the samples, each weighted
+//!   by its interval over `d`: every allocation is watched with chance `d`, one long C call's
+//!   included, so nothing is credited from one site to another. A window's samples share its
+//!   number as their cluster, which the profile's variances account for. Between windows no hook
+//!   is installed and allocations run at full speed.
 
 mod budget;
 mod capture;
-mod credits;
+mod checkpoints;
 mod frame_names;
 mod sampled;
 
@@ -33,12 +26,12 @@ use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use datadog_heap_core::{HeapRecorder, MAX_FRAMES_LIMIT};
+use datadog_heap_core::MAX_FRAMES_LIMIT;
 use rb_sys::VALUE;
 
 pub use budget::{empty_stretch_ns, Budget, CostClock};
 use capture::CapturedStack;
-use credits::{apply_rescales, share_last_gap, Credited, Credits, MIN_RATE_GAP};
+use checkpoints::{CheckOutcome, Checkpoints, Phase};
 pub use frame_names::frame_name;
 pub use sampled::sample;
 
@@ -63,12 +56,25 @@ pub fn window_sample_every() -> u64 {
     WINDOW_MEAN.load(Ordering::Relaxed)
 }
 
+/// Samples a window holds on average: its length is at least this many times the in-window mean
+/// (longer where the program allocates fast, see `runtime::windows`).
+pub const CHECKPOINT_WINDOW_SAMPLES: u64 = 32;
+
+/// The last window opened in this process, by any session: each window's samples share its
+/// number as their cluster (see `HeapRecorder::record_sampled_allocation`), unique in the
+/// process and in a forked child (which goes on from the parent's count).
+static WINDOW_SERIAL: AtomicU64 = AtomicU64::new(0);
+
+fn next_window_serial() -> u64 {
+    WINDOW_SERIAL.fetch_add(1, Ordering::Relaxed) + 1
+}
+
 /// How a session chooses its samples (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Mode {
     Countdown,
-    /// `per_second` windows a second on average; inside them, a sample every `mean` allocations
-    /// on average (see `SampleConfig::countdown_mean`).
+    /// `per_second` windows a second on average (the timer's rate); inside them, a sample every
+    /// `mean` allocations on average (see `SampleConfig::countdown_mean`).
     Windowed {
         per_second: f64,
         mean: u64,
@@ -85,16 +91,6 @@ impl Mode {
     }
 }
 
-/// A windowed session's current window.
-#[derive(Clone, Copy, Default)]
-struct Window {
-    open: bool,
-    /// Allocations left before it closes.
-    left: u64,
-    /// (gap + window) / window: what each of its samples' intervals is multiplied by.
-    scale: f64,
-}
-
 /// When and how one session samples.
 pub struct SamplerState {
     /// Allocations left before the next sample.
@@ -105,19 +101,10 @@ pub struct SamplerState {
     /// Frame buffers for rb_profile_frames, sized when sampling starts (never in the hook).
     frames: RefCell<Vec<VALUE>>,
     lines: RefCell<Vec<i32>>,
-    window: Cell<Window>,
-    /// Windowed mode: the program's allocation count (the VM's counter less our own allocations)
-    /// where the previous window ended.
-    last_close: Cell<u64>,
-    /// Windowed mode: when the current window closed, and `own_ns` then (set by the hook).
-    closed_at: Cell<Option<(Instant, u64)>>,
-    /// Wall time of our own work so far (sampled hook paths, commit jobs, updates): a gap's rate
-    /// leaves it out.
-    own_ns: Cell<u64>,
-    credits: RefCell<Credits>,
-    /// Test switch: when false, each window keeps the whole gap before it (and the last one
-    /// nothing after it), as before gaps were shared.
-    gap_sharing: Cell<bool>,
+    /// Windowed mode: where the windows are (see `checkpoints`).
+    checkpoints: Checkpoints,
+    /// Windowed mode: the number of the window open now (see [`WINDOW_SERIAL`]).
+    window_serial: Cell<u64>,
     pub stats: RefCell<SamplerStats>,
     /// The overhead budget: scales the mean interval (see `budget`).
     pub budget: Budget,
@@ -134,15 +121,17 @@ pub struct SamplerStats {
     pub hook_errors: u64,
     pub sampling_ns_total: u64,
     pub sampling_ns_max: u64,
-    /// Windowed mode: windows opened; timer ticks that found the window still open (the program
-    /// allocated less than the window covers since); allocations inside windows.
+    /// Windowed mode: windows opened, and the allocations they watched.
     pub windows_opened: u64,
-    pub windows_still_open: u64,
     pub window_allocations: u64,
-    /// Gaps shared between the windows on either side, and weight changes given up because the
-    /// core stayed in use (each leaves one gap credited to one window only).
-    pub window_gaps_shared: u64,
-    pub window_rescales_lost: u64,
+    /// Windowed mode: allocations the hook counted before a window opened (armed), allocations
+    /// by which late ticks moved windows, and windows no check fell inside.
+    pub window_armed_allocations: u64,
+    pub window_late_allocations: u64,
+    pub windows_spanned: u64,
+    /// Windowed mode: the timer's ticks that checked this session's window (not the jobs the hook
+    /// asked for at a window's boundary).
+    pub window_ticks: u64,
 }
 
 /// What a sample needs from its session's options.
@@ -156,16 +145,13 @@ pub struct SampleConfig {
 }
 
 impl SampleConfig {
-    /// Windowed mode: a window's length over the gap before it, `m / (sample_every - m)` for an
-    /// in-window mean `m`, so that a sample weighs `sample_every` on average (its interval `m`
-    /// times `(gap + window) / window`). Infinite (one window that never closes) when
-    /// `sample_every` is too small to leave gaps.
-    fn window_share(&self) -> f64 {
+    /// Windowed mode: the share of the program's allocations inside windows, `d = m /
+    /// sample_every` for an in-window mean `m` (a sample then weighs `m / d = sample_every` on
+    /// average), and a window's shortest length in allocations.
+    fn window_shape(&self) -> (f64, u64) {
         let m = self.countdown_mean();
-        match self.sample_every > m {
-            true => m as f64 / (self.sample_every - m) as f64,
-            false => f64::INFINITY,
-        }
+        let share = (m as f64 / self.sample_every.max(1) as f64).min(1.0);
+        (share, m.saturating_mul(CHECKPOINT_WINDOW_SAMPLES))
     }
 
     /// Mean interval of the countdown (inside windows, for the windowed sampler: at most half of
@@ -183,8 +169,9 @@ impl SampleConfig {
 pub struct Tick {
     /// This allocation is to be sampled.
     pub due: bool,
-    /// Windowed mode: the window closed with this allocation.
-    pub closed: bool,
+    /// Windowed mode: the count reached a window's start or end; the window job must run at the
+    /// next interrupt check.
+    pub boundary: bool,
 }
 
 impl Default for SamplerState {
@@ -195,12 +182,8 @@ impl Default for SamplerState {
             rng: Cell::new(seed()),
             frames: RefCell::new(Vec::new()),
             lines: RefCell::new(Vec::new()),
-            window: Cell::new(Window::default()),
-            last_close: Cell::new(0),
-            closed_at: Cell::new(None),
-            own_ns: Cell::new(0),
-            credits: RefCell::new(Credits::default()),
-            gap_sharing: Cell::new(true),
+            checkpoints: Checkpoints::default(),
+            window_serial: Cell::new(0),
             stats: RefCell::new(SamplerStats::default()),
             budget: Budget::new(0.0),
         }
@@ -208,19 +191,18 @@ impl Default for SamplerState {
 }
 
 impl SamplerState {
-    /// Gets ready to sample: frame buffers, the first interval, and (windowed) a closed window
-    /// with the program's allocation count `now` to measure the first gap from. Needs the GVL;
-    /// allocates (Rust allocator), so never call it from the hook.
+    /// Gets ready to sample: frame buffers, the first interval, and (windowed) the first window,
+    /// placed from the program's allocation count `now`. Needs the GVL; allocates (Rust
+    /// allocator), so never call it from the hook.
     pub fn prepare(&self, config: SampleConfig, now: u64) {
         self.frames.borrow_mut().resize(MAX_FRAMES_LIMIT, 0);
         self.lines.borrow_mut().resize(MAX_FRAMES_LIMIT, 0);
         self.budget.restart(now);
         self.draw_interval(self.effective(config).countdown_mean());
-        self.window.set(Window::default());
-        self.last_close.set(now);
-        self.closed_at.set(None);
-        if let Ok(mut credits) = self.credits.try_borrow_mut() {
-            *credits = Credits::default();
+        if let Mode::Windowed { .. } = config.mode {
+            let (share, length) = self.effective(config).window_shape();
+            self.checkpoints.restart(now, length, share, self.uniform());
+            self.window_serial.set(next_window_serial());
         }
     }
 
@@ -241,126 +223,88 @@ impl SamplerState {
     pub fn wants_hook(&self, mode: Mode) -> bool {
         match mode {
             Mode::Countdown => true,
-            Mode::Windowed { .. } => self.window.get().open,
+            Mode::Windowed { .. } => self.checkpoints.phase() != Phase::Idle,
         }
     }
 
-    /// Windowed mode: opens a window over `share * gap` allocations, unless one is open; `now` is
-    /// the program's allocation count. First shares the gap before the window that closed last
-    /// between it and the one before (see the module docs), scaling their records in `core`.
-    /// Needs the GVL (called from the timer's tick, never from the hook).
-    pub fn open_window(&self, config: SampleConfig, now: u64, core: &HeapRecorder) {
-        let mut stats = self.stats.borrow_mut();
-        if self.window.get().open {
-            stats.windows_still_open += 1;
-            return;
-        }
-        let gap = now.saturating_sub(self.last_close.get());
-        let measured = self.closed_at.get().filter(|_| gap >= MIN_RATE_GAP);
-        let gap_rate = measured.map(|(closed, own_at_close)| {
-            let wall = closed.elapsed().as_nanos() as u64;
-            let ours = self.own_ns.get().saturating_sub(own_at_close);
-            gap as f64 / (wall.saturating_sub(ours).max(1_000) as f64 * 1e-9)
-        });
-        let last_id = core.last_record_id().ok();
-        if let Ok(mut credits) = self.credits.try_borrow_mut() {
-            share_last_gap(&mut credits, &mut stats, last_id, gap_rate);
-            apply_rescales(&mut credits.deferred, &mut stats, core);
-            credits.before_last = credits.last.take();
-        }
-        let length = (gap as f64 * self.effective(config).window_share()).round();
-        let length = match length.is_finite() {
-            true => (length as u64).clamp(1, u64::MAX / 4),
-            false => u64::MAX / 4,
-        };
-        let covered = length.min(gap.max(1));
-        stats.windows_opened += 1;
-        stats.window_allocations = stats.window_allocations.saturating_add(covered);
-        self.budget.charge_window(covered);
-        self.window.set(Window {
-            open: true,
-            left: length,
-            scale: (gap + length) as f64 / length as f64,
-        });
-        self.last_close.set(now.saturating_add(length));
-        self.closed_at.set(None);
-        // With gap sharing off (a test switch) no window is kept, so none is shared or closed out.
-        let kept = last_id.filter(|_| self.gap_sharing.get());
-        if let (Ok(mut credits), Some(after_id)) = (self.credits.try_borrow_mut(), kept) {
-            credits.last = Some(Credited {
-                after_id,
-                up_to_id: after_id,
-                gap,
-                gap_rate,
-                length,
-                credit: gap as f64 + length as f64,
-            });
-        }
-    }
-
-    /// Windowed mode, when sampling stops at the program's allocation count `now`: the last
-    /// window's records take the allocations since it closed, or, if it is still open, stand for
-    /// the part of it that came and no more (see `Credited`). Queued weight changes that `core`
-    /// still refuses are given up, counted. Needs the GVL; never from the hook.
-    pub fn close_out(&self, config: SampleConfig, now: u64, core: &HeapRecorder) {
-        let Mode::Windowed { .. } = config.mode else {
-            return;
-        };
-        let (Ok(mut stats), Ok(mut credits)) =
-            (self.stats.try_borrow_mut(), self.credits.try_borrow_mut())
-        else {
-            return;
-        };
-        let window = self.window.get();
-        let credits = &mut *credits;
-        if let (Some(last), Ok(up_to_id)) = (credits.last.as_mut(), core.last_record_id()) {
-            last.up_to_id = up_to_id;
-            match window.open {
-                true => last.cut_short(
-                    last.length.saturating_sub(window.left),
-                    &mut credits.deferred,
-                ),
-                false => last.take_the_rest(
-                    now.saturating_sub(self.last_close.get()),
-                    &mut credits.deferred,
-                ),
+    /// Windowed mode, at an interrupt check (the window job) with the program's allocation count
+    /// `now`: opens, closes or arms this session's window (see `checkpoints`), counting what it
+    /// did. `horizon`: how many allocations ahead of a window's start to arm; `min_length`: the
+    /// shortest window to place next (long enough for the timer to arm it in time, see
+    /// `runtime::windows`); `asked`: the timer asked for this job (else the hook did, at a
+    /// boundary); `prompt`: it ran as soon as the timer asked (see `Checkpoints::on_check`). Returns the allocations to the next window's start while no
+    /// hook is needed (the timer should tick again before then). Needs the GVL; never from the
+    /// hook.
+    pub fn check(
+        &self,
+        config: SampleConfig,
+        now: u64,
+        horizon: u64,
+        min_length: u64,
+        (asked, prompt): (bool, bool),
+    ) -> Option<u64> {
+        let (share, length) = self.effective(config).window_shape();
+        let length = length.max(min_length);
+        let mut rng = || self.uniform();
+        let out: CheckOutcome =
+            (self.checkpoints).on_check(now, length, share, horizon, prompt, &mut rng);
+        if let Ok(mut stats) = self.stats.try_borrow_mut() {
+            stats.window_ticks += asked as u64;
+            stats.windows_opened += out.opened as u64;
+            stats.window_armed_allocations += out.armed;
+            stats.window_late_allocations += out.late;
+            stats.windows_spanned += out.spanned;
+            if let Some(watched) = out.closed {
+                stats.window_allocations = stats.window_allocations.saturating_add(watched);
             }
         }
-        apply_rescales(&mut credits.deferred, &mut stats, core);
-        stats.window_rescales_lost += credits.deferred.len() as u64;
-        *credits = Credits::default();
-        self.window.set(Window::default());
-        self.last_close.set(now);
+        if let Some(watched) = out.closed {
+            self.budget.charge_window(watched);
+        }
+        if out.opened {
+            self.window_serial.set(next_window_serial());
+        }
+        self.budget.charge_window(out.armed);
+        self.checkpoints.allocations_to_start(now)
     }
 
-    /// One allocation went by: whether it is the one to sample, and (windowed) whether it closed
-    /// the window. The hook's only work on an allocation that is not sampled. Wrapping, so it
-    /// cannot panic whatever state a caught panic left behind.
+    /// When sampling stops: no window any more (every sample already weighs what it stands
+    /// for). Needs the GVL; never from the hook.
+    pub fn close_out(&self) {
+        self.checkpoints.forget();
+    }
+
+    /// One allocation went by: whether it is the one to sample, and (windowed) whether it reached
+    /// a window's boundary. The hook's only work on an allocation that is not sampled. Wrapping,
+    /// so it cannot panic whatever state a caught panic left behind.
     #[inline]
     pub fn tick(&self, mode: Mode) -> Tick {
-        let mut closed = false;
+        let mut boundary = false;
         if let Mode::Windowed { .. } = mode {
-            let mut window = self.window.get();
-            window.left = window.left.wrapping_sub(1);
-            if window.left == 0 {
-                window.open = false;
-                closed = true;
-                self.closed_at
-                    .set(Some((Instant::now(), self.own_ns.get())));
+            let (inside, at_boundary) = self.checkpoints.on_allocation();
+            boundary = at_boundary;
+            if !inside {
+                return Tick {
+                    due: false,
+                    boundary,
+                };
             }
-            self.window.set(window);
         }
         let left = self.countdown.get().wrapping_sub(1);
         self.countdown.set(left);
         Tick {
             due: left == 0,
-            closed,
+            boundary,
         }
     }
 
-    /// Counts `ns` of wall time spent in our own work (see `own_ns`).
-    pub fn add_own_time(&self, ns: u64) {
-        self.own_ns.set(self.own_ns.get().wrapping_add(ns));
+    /// The cluster a sample taken now belongs to: the window's number in windowed mode (its
+    /// samples were watched together), 0 (none) for the countdown.
+    pub fn cluster(&self, mode: Mode) -> u64 {
+        match mode {
+            Mode::Countdown => 0,
+            Mode::Windowed { .. } => self.window_serial.get(),
+        }
     }
 
     /// Lets the next allocation take the sample instead (more sessions were due at once than
@@ -378,14 +322,14 @@ impl SamplerState {
         }
     }
 
-    /// Test switch (see `gap_sharing`).
-    pub fn set_gap_sharing(&self, enabled: bool) {
-        self.gap_sharing.set(enabled);
-    }
-
     /// Test aid: a fixed seed, so estimates cannot flake.
     pub fn set_seed(&self, seed: u64) {
         self.rng.set(seed | 1);
+    }
+
+    /// A uniform draw in [0, 1).
+    fn uniform(&self) -> f64 {
+        (self.next_random() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     fn next_random(&self) -> u64 {
@@ -426,7 +370,7 @@ impl SamplerState {
         let weight = match config.mode {
             Mode::Countdown => interval,
             Mode::Windowed { .. } => {
-                let scaled = (interval as f64 * self.window.get().scale).round();
+                let scaled = (interval as f64 * self.checkpoints.scale()).round();
                 if scaled.is_finite() && scaled >= 1.0 {
                     scaled.min(u64::MAX as f64 / 2.0) as u64
                 } else {

@@ -72,6 +72,7 @@ pub fn sample(
         &captured,
         gc_count,
         hidden.is_some(),
+        state.cluster(config.mode),
     );
     record.end();
     let recorded = match recorded {
@@ -89,7 +90,6 @@ pub fn sample(
     probe.end();
     let spent = started.elapsed().as_nanos() as u64;
     stats.sampling_ns_total = stats.sampling_ns_total.wrapping_add(spent);
-    state.add_own_time(spent);
     stats.sampling_ns_max = stats.sampling_ns_max.max(spent);
     state.budget.charge_since(cpu_started);
     state.budget.charge_sample();
