@@ -120,7 +120,11 @@ rows = VARIANTS.keys.map do |label|
     format("%.0f µs", 1e6 * on.sum { |p| p[:cpu] } / [on.sum { |p| p[:requests] }, 1].max),
     stats.map { |s| s[:sampler_effective_sample_every] }.minmax.uniq.join(".."),
     stats.map { |s| Bench.percent(s[:sampler_last_overhead].to_f) }.join(" / "),
-    stats.map { |s| s[:num_object_records] }.join(" / ")]
+    stats.map { |s| s[:num_object_records] }.join(" / "),
+    # The windowed sampler: the share of the allocations its hook was installed for (watched +
+    # armed, over the allocations its samples stand for).
+    stats.map { |s| s[:sampler_window_ticks].to_i.zero? ? "-" : Bench.percent((s[:sampler_window_allocations] + s[:sampler_window_armed_allocations]).fdiv([s[:sampler_allocations_seen], 1].max)) }.join(" / "),
+    stats.map { |s| "#{s[:sampler_window_ticks]} #{s[:signals].inspect}" }.join(" / ")]
 end
 Bench.table(["variant", "on phases", "overhead (median)", "range", "overhead (pooled)", "CPU/request (on)", "interval at exit",
-  "budget's own share (last period)", "records at exit"], rows)
+  "budget's own share (last period)", "records at exit", "hook installed (windowed)", "ticks, signals"], rows)

@@ -19,7 +19,7 @@ module TruthCases
 
   # The case names, in the order they run.
   def names
-    %w[marshal json burst phases]
+    %w[marshal json burst phases threads]
   end
 
   # Runs case `name`, keeping its objects in `kept`.
@@ -54,6 +54,26 @@ module TruthCases
     kept << keep_one_in_four(100_000) { Pair.new(1, 2) }
     kept << keep_one_in_four(400_000) { |i| "p#{i}" }
     kept << keep_one_in_four(1_500_000) { |i| [i] }
+  end
+
+  # Four threads keep 10,000 objects each in bursts of 200, waiting on a pipe between bursts, as a
+  # server's threads wait on their sockets.
+  def case_threads(kept)
+    reader, writer = IO.pipe
+    threads = Array.new(4) do
+      Thread.new do
+        mine = []
+        50.times do
+          200.times { mine << Pair.new(1, 2) }
+          IO.select([reader], nil, nil, 0.0003)
+        end
+        mine
+      end
+    end
+    kept.concat(threads.map(&:value))
+  ensure
+    reader&.close
+    writer&.close
   end
 
   def keep_one_in_four(n)

@@ -51,5 +51,12 @@ Dir.mktmpdir("stage-run-") do |out|
     hits, misses = w[:stats].values_at(:lifetime_stack_cache_hits, :lifetime_stack_cache_misses)
     puts format("  stack cache hits %.0f%% (%d / %d), %d GCs, interval at exit %d", 100.0 * hits / [hits + misses, 1].max,
       hits, hits + misses, w[:gcs], w[:stats][:sampler_effective_sample_every])
+    next unless w[:stats][:sampler_windows_opened].to_i > 0
+
+    # The windowed sampler: the share of the allocations its hook was installed for.
+    st = w[:stats]
+    puts format("  windows %d, ticks %d: watched %.2f%%, armed %.2f%% of the allocations; moved by late ticks %d, spanned %d",
+      st[:sampler_windows_opened], st[:sampler_window_ticks], 100.0 * st[:sampler_window_allocations] / w[:allocations],
+      100.0 * st[:sampler_window_armed_allocations] / w[:allocations], st[:sampler_window_late_allocations], st[:sampler_windows_spanned])
   end
 end

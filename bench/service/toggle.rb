@@ -66,8 +66,9 @@ module ServiceToggle
         state = (state == :on) ? :off : :on
         switch(rec, state == :on)
         File.write(File.join(OUT, "#{Process.pid}.json.tmp"), JSON.generate(phases: phases, stats: rec.stats.slice(
-          :sampler_samples_recorded, :sampler_effective_sample_every, :num_object_records, :sampler_last_overhead
-        ).transform_values { |v| v.is_a?(Float) ? v.round(5) : v }))
+          :sampler_samples_recorded, :sampler_effective_sample_every, :num_object_records, :sampler_last_overhead,
+          :sampler_allocations_seen, :sampler_window_allocations, :sampler_window_armed_allocations, :sampler_window_ticks
+        ).merge(signals: DatadogHeap::Testing._native_window_signals).transform_values { |v| v.is_a?(Float) ? v.round(5) : v }))
         File.rename(File.join(OUT, "#{Process.pid}.json.tmp"), File.join(OUT, "#{Process.pid}.json"))
       end
     end

@@ -17,15 +17,16 @@ module DatadogHeap
   # - max_tracked_objects: most objects tracked at once; recordings past it are skipped and
   #   counted (stats[:lifetime_recordings_skipped_max_tracked]). The default keeps the
   #   recorder's own memory near 64 MiB at the cap.
-  # - sampler: :windowed (a timer opens sampling windows at random times that cover 64 /
-  #   sample_every of the allocations; between them no hook is installed) or :countdown (a
-  #   geometric countdown over every allocation, from an allocation hook installed all the time).
+  # - sampler: :windowed (sampling windows placed at random along the program's allocations,
+  #   64 / sample_every of them, opened and closed at the VM's interrupt checks; between them no
+  #   hook is installed) or :countdown (a geometric countdown over every allocation, from an
+  #   allocation hook installed all the time).
   #   Either way a sample stands for sample_every allocations on average. Default: :windowed,
   #   except with a sample_every below WINDOWED_FROM (1024), where windows would cover a sixteenth
   #   of the allocations or more and save little: :countdown there. See docs/samplers.md.
-  # - windows_per_second: the windowed sampler's mean rate of windows (0 < rate <= 100_000);
-  #   only with the windowed sampler (given without sampler:, it chooses it). More windows,
-  #   shorter ones: the same samples, spread finer.
+  # - windows_per_second: the windowed sampler's timer rate, ticks a second (0 < rate <=
+  #   100_000; it arms the windows and runs the young updates, and ticks sooner when a window is
+  #   near); only with the windowed sampler (given without sampler:, it chooses it).
   # - max_overhead: the overhead budget, the largest share of the process's CPU time the
   #   sampler's own work (sampled hook calls, commits, young updates, and an estimate of what
   #   its samples make the VM do: slow-path allocations inside windows, WeakMap finalizers
@@ -293,7 +294,7 @@ module DatadogHeap
     # :method: windows_per_second
     # :call-seq: windows_per_second -> Float or nil
     #
-    # The windowed sampler's mean rate of windows, or nil for the countdown sampler.
+    # The windowed sampler's timer rate (ticks a second), or nil for the countdown sampler.
 
     # Starts sampling (see docs/samplers.md and docs/architecture.md, "Lifecycle"). The first start of a
     # windowed recorder in the process first checks, before Ruby 3.3, for gems that the window

@@ -89,6 +89,8 @@ const MIN_TICK_NS: u64 = 200_000;
 struct Pace {
     /// The program's allocation count, the time and the GC count at the last tick.
     last: Option<(u64, std::time::Instant, u64)>,
+    /// Allocations since the tick before.
+    moved: u64,
     /// Allocations per second: the last stretch's, or nine tenths of the previous estimate if
     /// higher, from stretches without a GC only (a GC pauses the program, after which it
     /// allocates at full speed again). A rate that falls is believed slowly, so ticks come early
@@ -98,16 +100,18 @@ struct Pace {
 
 static PACE: shims::GvlCell<Pace> = shims::GvlCell::new(Pace {
     last: None,
+    moved: 0,
     rate: 0.0,
 });
 
 crate::gvl_guarded!(fn with_pace over PACE: Pace);
 
 /// Updates the allocation rate with the count `now` and the GC count `gcs`; returns it (0 when
-/// not known yet).
-fn pace(now: u64, gcs: u64) -> f64 {
+/// not known yet) and the allocations since the last tick.
+fn pace(now: u64, gcs: u64) -> (f64, u64) {
     let at = std::time::Instant::now();
     with_pace(|p| {
+        p.moved = p.last.map_or(0, |(count, ..)| now.saturating_sub(count));
         if let Some((count, then, gcs_then)) = p.last {
             let secs = at.duration_since(then).as_secs_f64();
             if secs > 1e-5 && now >= count && gcs == gcs_then {
@@ -116,7 +120,7 @@ fn pace(now: u64, gcs: u64) -> f64 {
             }
         }
         p.last = Some((now, at, gcs));
-        p.rate
+        (p.rate, p.moved)
     })
 }
 
@@ -128,7 +132,7 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
     let running = sessions(|s| s.is_running() && rate_of(s).is_some());
     let timer_rate = timer_rate(running.iter().map(|s| &**s));
     let gc_count = shims::gc_count();
-    let rate = pace(super::busy::program_allocations(), gc_count);
+    let (rate, moved) = pace(super::busy::program_allocations(), gc_count);
     let horizon = ((rate * ARM_AHEAD_S) as u64).max(MIN_HORIZON);
     let min_length = ((rate * MIN_WINDOW_S) as u64).min(MAX_WINDOW);
     let (asked, prompt) = timer_request();
@@ -157,8 +161,11 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
     sync_hooks();
     if let (Some(ahead), Some(top)) = (soonest, timer_rate) {
         // Come back at most halfway to where the count should be half the horizon short of
-        // the start: the rate may rise meanwhile, and each tick measures it again.
-        if rate > 0.0 {
+        // the start: the rate may rise meanwhile, and each tick measures it again. Not while
+        // the program hardly allocates (it waits on IO, say): ticks every few hundred µs would
+        // cost it more than a window opened late, which the next usual tick moves (see
+        // `Checkpoints::on_check`).
+        if rate > 0.0 && moved >= horizon / 4 {
             let secs = 0.5 * ahead.saturating_sub(horizon / 2) as f64 / rate;
             let ns = (secs * 1e9).clamp(MIN_TICK_NS as f64, 1e9 / top);
             hurry(ns as u64);

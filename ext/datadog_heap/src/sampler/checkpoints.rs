@@ -85,19 +85,24 @@ impl Checkpoints {
         self.scale.get()
     }
 
-    /// Starts the strata at `now`, from a uniform draw `u`. The hook is armed at once: no tick
-    /// has measured the program's pace yet, so none could be timed to come before the first
-    /// window.
+    /// Starts the strata at `now`, from a uniform draw `u`. A first window that starts within
+    /// a window's length is armed at once (no tick may come before it); a later one waits for
+    /// the timer like any other. Arming all the way to a far start would install the hook for up
+    /// to a whole stratum, a cost a recorder started often (once a request, say) would pay each
+    /// time.
     pub fn restart(&self, now: u64, length: u64, share: f64, u: f64) {
         self.second.set(None);
         self.plan_stratum(now, length, share, u);
         self.mark.set(now);
-        match self.start.get() > now {
-            true => {
+        self.left.set(0);
+        let ahead = self.start.get().saturating_sub(now);
+        match ahead {
+            0 => self.open(now, share),
+            a if a <= length => {
                 self.phase.set(Phase::Armed);
-                self.left.set(self.start.get() - now);
+                self.left.set(a);
             }
-            false => self.open(now, share),
+            _ => self.phase.set(Phase::Idle),
         }
     }
 
@@ -225,19 +230,20 @@ impl Checkpoints {
         }
     }
 
-    /// One allocation the hook saw: (inside the window, reached a boundary: ask for the job).
+    /// One allocation the hook saw: (inside the window, reached a boundary: ask for the job,
+    /// past a boundary: the job was asked for and has not run yet).
     #[inline]
-    pub fn on_allocation(&self) -> (bool, bool) {
+    pub fn on_allocation(&self) -> (bool, bool, bool) {
         let phase = self.phase.get();
         if phase == Phase::Idle {
-            return (false, false);
+            return (false, false, false);
         }
         let left = self.left.get();
         let boundary = left == 1;
         if left > 0 {
             self.left.set(left - 1);
         }
-        (phase == Phase::Open, boundary)
+        (phase == Phase::Open, boundary, left == 0)
     }
 
     /// Sampling stopped: no window, no hook (`restart` begins anew).
@@ -275,7 +281,7 @@ mod tests {
                 let length = 40 + (i / 300) * 16;
                 cp.on_check(i, length, share, u64::MAX, false, &mut draw);
             }
-            let (inside, _) = cp.on_allocation();
+            let (inside, ..) = cp.on_allocation();
             watched[i as usize] = inside;
         }
         watched

@@ -105,6 +105,8 @@ pub struct SamplerState {
     checkpoints: Checkpoints,
     /// Windowed mode: the number of the window open now (see [`WINDOW_SERIAL`]).
     window_serial: Cell<u64>,
+    /// Windowed mode: the thread that asked for the window job at a boundary (see `tick`).
+    asked_from: Cell<VALUE>,
     pub stats: RefCell<SamplerStats>,
     /// The overhead budget: scales the mean interval (see `budget`).
     pub budget: Budget,
@@ -184,6 +186,7 @@ impl Default for SamplerState {
             lines: RefCell::new(Vec::new()),
             checkpoints: Checkpoints::default(),
             window_serial: Cell::new(0),
+            asked_from: Cell::new(0),
             stats: RefCell::new(SamplerStats::default()),
             budget: Budget::new(0.0),
         }
@@ -274,15 +277,27 @@ impl SamplerState {
         self.checkpoints.forget();
     }
 
-    /// One allocation went by: whether it is the one to sample, and (windowed) whether it reached
-    /// a window's boundary. The hook's only work on an allocation that is not sampled. Wrapping,
+    /// One allocation went by: whether it is the one to sample, and (windowed) whether the window
+    /// job must be asked for. The hook's only work on an allocation that is not sampled. Wrapping,
     /// so it cannot panic whatever state a caught panic left behind.
+    ///
+    /// Before Ruby 3.3 the job asked for runs on the thread that asked, at its next interrupt
+    /// check; a thread that blocks on IO right after asking would hold the window open (or shut)
+    /// while other threads allocate. So while the job is awaited, an allocation on another
+    /// thread (which got the GVL at a check of its own) asks again, from that thread.
     #[inline]
     pub fn tick(&self, mode: Mode) -> Tick {
         let mut boundary = false;
         if let Mode::Windowed { .. } = mode {
-            let (inside, at_boundary) = self.checkpoints.on_allocation();
+            let (inside, at_boundary, waiting) = self.checkpoints.on_allocation();
             boundary = at_boundary;
+            if at_boundary || waiting {
+                let thread = crate::shims::current_thread();
+                if at_boundary || thread != self.asked_from.get() {
+                    self.asked_from.set(thread);
+                    boundary = true;
+                }
+            }
             if !inside {
                 return Tick {
                     due: false,
