@@ -163,7 +163,7 @@ pub fn start(session: &Arc<Session>) -> Result<(), StartRefused> {
 pub fn stop(session: &Session) -> bool {
     let was = session.is_running();
     if was {
-        session.sampler.close_out();
+        session.sampler.close_out(busy::program_allocations());
     }
     session.set_running(false);
     // Nothing is sampled until the next start, by when the frames it names may be gone.

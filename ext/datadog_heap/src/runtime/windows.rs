@@ -91,6 +91,11 @@ struct Pace {
     last: Option<(u64, std::time::Instant, u64)>,
     /// Allocations since the tick before.
     moved: u64,
+    /// How late ticks have come to windows' starts lately, in allocations: the most recent
+    /// lateness, or nine tenths of the estimate before if higher. The horizon is at least twice
+    /// it: on a loaded machine the timer wakes late, and a window moved by a late tick credits
+    /// its place to what came after it.
+    late: f64,
     /// Allocations per second: the last stretch's, or nine tenths of the previous estimate if
     /// higher, from stretches without a GC only (a GC pauses the program, after which it
     /// allocates at full speed again). A rate that falls is believed slowly, so ticks come early
@@ -102,6 +107,7 @@ static PACE: shims::GvlCell<Pace> = shims::GvlCell::new(Pace {
     last: None,
     moved: 0,
     rate: 0.0,
+    late: 0.0,
 });
 
 crate::gvl_guarded!(fn with_pace over PACE: Pace);
@@ -133,11 +139,14 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
     let timer_rate = timer_rate(running.iter().map(|s| &**s));
     let gc_count = shims::gc_count();
     let (rate, moved) = pace(super::busy::program_allocations(), gc_count);
-    let horizon = ((rate * ARM_AHEAD_S) as u64).max(MIN_HORIZON);
+    let late = with_pace(|p| p.late);
+    let horizon = ((rate * ARM_AHEAD_S).max(2.0 * late) as u64).max(MIN_HORIZON);
     let min_length = ((rate * MIN_WINDOW_S) as u64).min(MAX_WINDOW);
     let (asked, prompt) = timer_request();
-    // The soonest a checkpoint session needs the next tick, in allocations.
+    // The soonest a checkpoint session needs the next tick, in allocations; how late this tick
+    // came to a window.
     let mut soonest: Option<u64> = None;
+    let mut came_late = 0u64;
     for session in &running {
         // Kept on this stack, so the GC's conservative scan marks it while we use it (as jobs do).
         let map = std::hint::black_box(session.weak_map_raw());
@@ -150,14 +159,16 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
             session.young_update_from_job(ruby);
         }
         let now = super::busy::program_allocations();
-        let ahead =
+        let (ahead, late) =
             (session.sampler).check(session.config, now, horizon, min_length, (asked, prompt));
+        came_late = came_late.max(late);
         soonest = match (soonest, ahead) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
         std::hint::black_box(&map);
     }
+    with_pace(|p| p.late = (came_late as f64).max(p.late * 0.9));
     sync_hooks();
     if let (Some(ahead), Some(top)) = (soonest, timer_rate) {
         // Come back at most halfway to where the count should be half the horizon short of

@@ -246,10 +246,18 @@ impl Checkpoints {
         (phase == Phase::Open, boundary, left == 0)
     }
 
-    /// Sampling stopped: no window, no hook (`restart` begins anew).
-    pub fn forget(&self) {
+    /// Sampling stopped at the count `now`: no window, no hook (`restart` begins anew). Returns
+    /// what the hook saw of the window it ends: (allocations watched, allocations armed).
+    pub fn forget(&self, now: u64) -> (u64, u64) {
+        let since = now.saturating_sub(self.mark.get());
+        let seen = match self.phase.get() {
+            Phase::Open => (since, 0),
+            Phase::Armed => (0, since),
+            Phase::Idle => (0, 0),
+        };
         self.phase.set(Phase::Idle);
         self.left.set(0);
+        seen
     }
 }
 

@@ -235,9 +235,10 @@ impl SamplerState {
     /// did. `horizon`: how many allocations ahead of a window's start to arm; `min_length`: the
     /// shortest window to place next (long enough for the timer to arm it in time, see
     /// `runtime::windows`); `asked`: the timer asked for this job (else the hook did, at a
-    /// boundary); `prompt`: it ran as soon as the timer asked (see `Checkpoints::on_check`). Returns the allocations to the next window's start while no
-    /// hook is needed (the timer should tick again before then). Needs the GVL; never from the
-    /// hook.
+    /// boundary); `prompt`: it ran as soon as the timer asked (see `Checkpoints::on_check`).
+    /// Returns the allocations to the next window's start while no hook is needed (the timer
+    /// should tick again before then), and how late this tick came to a window's start (0 when
+    /// it did not). Needs the GVL; never from the hook.
     pub fn check(
         &self,
         config: SampleConfig,
@@ -245,7 +246,7 @@ impl SamplerState {
         horizon: u64,
         min_length: u64,
         (asked, prompt): (bool, bool),
-    ) -> Option<u64> {
+    ) -> (Option<u64>, u64) {
         let (share, length) = self.effective(config).window_shape();
         let length = length.max(min_length);
         let mut rng = || self.uniform();
@@ -268,13 +269,19 @@ impl SamplerState {
             self.window_serial.set(next_window_serial());
         }
         self.budget.charge_window(out.armed);
-        self.checkpoints.allocations_to_start(now)
+        (self.checkpoints.allocations_to_start(now), out.late)
     }
 
-    /// When sampling stops: no window any more (every sample already weighs what it stands
-    /// for). Needs the GVL; never from the hook.
-    pub fn close_out(&self) {
-        self.checkpoints.forget();
+    /// When sampling stops at the program's allocation count `now`: no window any more (every
+    /// sample already weighs what it stands for); what the hook saw of the window it ends is
+    /// counted and charged. Needs the GVL; never from the hook.
+    pub fn close_out(&self, now: u64) {
+        let (watched, armed) = self.checkpoints.forget(now);
+        if let Ok(mut stats) = self.stats.try_borrow_mut() {
+            stats.window_allocations = stats.window_allocations.saturating_add(watched);
+            stats.window_armed_allocations = stats.window_armed_allocations.saturating_add(armed);
+        }
+        self.budget.charge_window(watched.saturating_add(armed));
     }
 
     /// One allocation went by: whether it is the one to sample, and (windowed) whether the window
