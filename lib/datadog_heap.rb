@@ -193,8 +193,9 @@ module DatadogHeap
     return unless problem
 
     @warned_window_timer = true
-    warn "datadog_heap: #{problem}; windows are opened by a Ruby thread from now on (about 10 a second " \
-      "next to a busy thread), so estimates are rougher (stats[:window_timer_note], the profiles' notes)"
+    warn "datadog_heap: #{problem}; windows are timed by a Ruby thread from now on (about 10 ticks a second " \
+      "next to a busy thread, too few to arm them in time), so estimates are rougher (stats[:window_timer_note], " \
+      "the profiles' notes)"
   end
 
   # Stops the window timer around `exec` (Kernel#exec, Kernel.exec, Process.exec) before Ruby

@@ -105,6 +105,29 @@ RSpec.describe "DatadogHeap.native_window_timer_safe?" do
     end
   end
 
+  # The Ruby timer thread ticks about 10 times a second next to a busy thread: most windows are
+  # found late and moved, and the profile says so rather than passing its estimates off as sure.
+  it "says in the profile when late ticks moved many windows" do
+    script = <<~'RUBY'
+      rec = DatadogHeap::Recorder.new(sampler: :windowed, sample_every: 1024, max_overhead: nil)
+      rec.start
+      keep = []
+      t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+      keep << Object.new while Process.clock_gettime(Process::CLOCK_MONOTONIC) - t < 1.0
+      rec.stop
+      stats = rec.stats.values_at(:sampler_window_late_allocations, :sampler_window_allocations, :sampler_windows_opened)
+      print Marshal.dump([stats, DatadogHeap::Profile.parse(rec.profile).comments.grep(/woke late/)])
+    RUBY
+    out, err, status = Open3.capture3({"DATADOG_HEAP_WINDOW_TIMER" => "ruby"}, RbConfig.ruby, "-I", File.expand_path("../lib", __dir__),
+      "-rdatadog_heap", "-e", script)
+    expect(status).to be_success, err
+    (late, watched, opened), notes = Marshal.load(out) # rubocop:disable Security/MarshalLoad
+    expect(opened).to be >= 4
+    expect(late).to be >= 2 * watched
+    expect(notes.size).to eq(1)
+    expect(notes.first).to match(/moved by #{late} allocations in all, against #{watched} watched/)
+  end
+
   it "runs the timer as a Ruby thread when asked to, and it still ticks" do
     result = IO.popen([RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-rdatadog_heap", "-e", <<~RUBY], &:read)
       DatadogHeap._native_use_ruby_timer(true)

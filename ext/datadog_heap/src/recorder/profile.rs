@@ -61,6 +61,7 @@ pub(crate) fn encode(
         let notes = [
             session.sampler_note(),
             session.timer_note(),
+            session.late_note(),
             session.budget_note(),
         ];
         for note in notes.into_iter().flatten() {

@@ -133,9 +133,29 @@ impl Session {
         };
         Some(format!(
             "datadog_heap: the windowed sampler's windows were opened by a Ruby thread ({why}): \
-             next to a busy thread it gets about 10 windows a second instead of {rate}, and what \
-             runs between windows is credited to the sites sampled next, so estimates can be off \
-             by more than their +/-; sampler: :countdown avoids it (docs/samplers.md)"
+             next to a busy thread it ticks about 10 times a second instead of {rate}, too seldom \
+             to arm windows in time, so windows open where a tick finds them, past short phases, \
+             and estimates can be off by more than their +/-; sampler: :countdown avoids it \
+             (docs/samplers.md)"
+        ))
+    }
+
+    /// What the profile says when late ticks moved the windows by more than twice what they
+    /// watched (the timer woke well after their starts: a loaded machine, or the Ruby timer
+    /// thread): estimates near where they were due can be off by more than their ±. `None`
+    /// otherwise. (Moves of about what the windows watch are usual in a tight allocation loop on
+    /// a quiet machine, where they did not bias the truth bench's phases.)
+    pub fn late_note(&self) -> Option<String> {
+        let stats = *self.sampler.stats.try_borrow().ok()?;
+        let (late, watched) = (stats.window_late_allocations, stats.window_allocations);
+        if stats.windows_opened < 4 || late < watched.saturating_mul(2) {
+            return None;
+        }
+        Some(format!(
+            "datadog_heap: the window timer woke late for many windows (they moved by {late} \
+             allocations in all, against {watched} watched), as on a loaded machine: a window \
+             moved past where it was due credits its place to what ran after, so sites near \
+             phase changes can be off by more than their +/- (docs/accuracy.md)"
         ))
     }
 
