@@ -64,8 +64,9 @@ RSpec.describe "windowed sampler" do
     expect(before).to eq(newobj: false, gc_end: false, timer: nil)
     expect(running[:gc_end]).to be(false)
     expect(running[:timer]).to eq(200.0)
-    # Windows opened and closed: most of the time, no NEWOBJ hook at all.
-    expect(windows).to be > 5
+    # Windows opened and closed: most of the time, no NEWOBJ hook at all. (800,000 allocations
+    # hold about 25 windows at 1 in 1024; the 80,000 of a GC-stressed run about 2.)
+    expect(windows).to be > (RecorderHelpers::GC_STRESSED ? 0 : 5)
     expect(samples).to be > 0
     expect(seen[false]).to be > seen[true]
     expect(after).to eq(newobj: false, gc_end: false, timer: nil)
@@ -271,7 +272,7 @@ RSpec.describe "windowed sampler" do
         keep = Array.new(many) { Object.new }
         sleep 0.1
         keep.concat(Array.new(many) { Object.new })
-        writer.write(Marshal.dump([timer_threads, rec.stats[:sampler_windows_opened], rec.running?, keep.size]))
+        writer.write(Marshal.dump([timer_threads, rec.stats[:sampler_window_ticks], rec.running?, keep.size]))
         writer.close
         exit!(0)
       end
@@ -284,12 +285,12 @@ RSpec.describe "windowed sampler" do
       idle_child = IO.popen("-") { |io| io ? io.read : (print(timer_threads); exit!(0)) }
       [with_timer, child, stopped, idle_child.to_i]
     end
-    with_timer, (child_timers, child_windows, child_running, _), stopped, idle_child = result
+    with_timer, (child_timers, child_ticks, child_running, _), stopped, idle_child = result
     # Before 3.3 a Ruby timer thread ticks beside the native one (windows.rs, set_rate).
     timers = (RUBY_VERSION < "3.3") ? 2 : 1
     expect(with_timer).to eq(timers)
     expect([child_timers, child_running]).to eq([timers, true])
-    expect(child_windows).to be > 0
+    expect(child_ticks).to be > 0 # the child's own timer ticked
     expect(stopped).to eq(0)
     expect(idle_child).to eq(0)
   end
