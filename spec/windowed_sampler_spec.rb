@@ -237,28 +237,6 @@ RSpec.describe "windowed sampler" do
     expect(runs.map(&:first).count(0)).to be_between(1, 7)
   end
 
-  it "watches a short burst between idle stretches as often as any other stretch", :heavy do
-    # A window placed by time saw a 3 ms burst after a sleep rarely, and credited it to what came
-    # after. Placed along the allocations, the burst is watched with the same chance as the rest:
-    # over 24 runs its estimates average to the truth.
-    runs = in_child(120) do
-      Array.new(24) do
-        rec = windowed(sample_every: 256, windows_per_second: 100)
-        rec.start
-        sleep 0.01
-        kept = Array.new(20_000) { Object.new }
-        sleep 0.01
-        Array.new(40_000) { Flush.new }
-        rec.stop
-        GC.start
-        rec.each_live_object.sum { |o| o.class_name == "Object" ? o.weight : 0 }.to_f / kept.size
-      end
-    end
-    mean = runs.sum / runs.size
-    sd = Math.sqrt(runs.sum { |r| (r - mean)**2 } / (runs.size - 1))
-    expect((mean - 1.0).abs).to be <= [4 * sd / Math.sqrt(runs.size), 0.05].max, "estimate / truth per run: #{runs.map { |r| r.round(2) }}"
-  end
-
   it "stops its timer with the last recorder, and a forked child starts its own" do
     result = in_child(60) do
       rec = DatadogHeap::Recorder.new(sampler: :windowed, windows_per_second: 200)
