@@ -20,6 +20,7 @@ use crate::recorder::{Names, Snapshot};
 use crate::stacks::{Frame, Stack};
 use crate::strings::StringId;
 
+use super::uncertainty::{cluster_variances, variance_terms};
 use super::{
     CLASS_LABEL, GEN_AGE_LABEL, LIVE_RECORDS_TYPE, LIVE_RECORDS_UNIT, LIVE_SAMPLES_TYPE,
     LIVE_SAMPLES_UNIT, LIVE_SAMPLES_VARIANCE_TYPE, LIVE_SAMPLES_VARIANCE_UNIT, LIVE_SIZE_TYPE,
@@ -332,52 +333,6 @@ fn build_profile(
 /// What one live object of weight `w` and `size` bytes adds to the variance of its sample's object
 /// count, `w(w-1)`, and of its bytes, `w(w-1)·size²`: the Horvitz-Thompson variance of an object
 /// kept with probability 1/w. Saturates at `i64::MAX` (a standard deviation of 3 GiB or more).
-/// The variance terms of objects sampled in clusters, per aggregate: the square of each
-/// cluster's estimate (objects, and bytes), summed. A sampler that watches a stretch of
-/// allocations all together or not at all (a window, with chance `d`) estimates each stretch as
-/// a whole, and the variance of the sum is that of a cluster sample: `Σ (1 - d) E_c²` over the
-/// clusters, plus what the sampling inside them adds, `Σ w (w - 1/d)`. `Σ E_c²` bounds both
-/// from above (it holds every `w²`), needs no `d`, and is what the ± of a row then shows: a
-/// little wide, never narrow. `items`: (aggregate, cluster, weight, size) per object.
-fn cluster_variances(mut items: Vec<(usize, u64, u64, usize)>) -> Vec<(usize, i64, i64)> {
-    items.sort_unstable_by_key(|&(slot, cluster, ..)| (slot, cluster));
-    let mut out: Vec<(usize, i64, i64)> = Vec::new();
-    let clamp = |v: u128| i64::try_from(v).unwrap_or(i64::MAX);
-    let mut i = 0;
-    while i < items.len() {
-        let (slot, cluster, ..) = items[i];
-        let (mut objects, mut bytes) = (0u128, 0u128);
-        while i < items.len() && items[i].0 == slot && items[i].1 == cluster {
-            let w = u128::from(items[i].2);
-            objects = objects.saturating_add(w);
-            let size = u128::try_from(items[i].3).unwrap_or(u128::MAX);
-            bytes = bytes.saturating_add(w.saturating_mul(size));
-            i += 1;
-        }
-        let terms = (
-            clamp(objects.saturating_mul(objects)),
-            clamp(bytes.saturating_mul(bytes)),
-        );
-        match out.last_mut() {
-            Some(last) if last.0 == slot => {
-                last.1 = last.1.saturating_add(terms.0);
-                last.2 = last.2.saturating_add(terms.1);
-            }
-            _ => out.push((slot, terms.0, terms.1)),
-        }
-    }
-    out
-}
-
-pub(super) fn variance_terms(weight: u64, size: usize) -> (i64, i64) {
-    let w = u128::from(weight);
-    let objects = w.saturating_mul(w.saturating_sub(1));
-    let size = u128::try_from(size).unwrap_or(u128::MAX);
-    let bytes = objects.saturating_mul(size).saturating_mul(size);
-    let clamp = |v: u128| i64::try_from(v).unwrap_or(i64::MAX);
-    (clamp(objects), clamp(bytes))
-}
-
 fn nanos(d: Duration) -> i64 {
     i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
 }

@@ -2,7 +2,7 @@
 //! from profiles written without them (uploads, older profiles) without breaking anything.
 
 use super::*;
-use crate::pprof::encode::variance_terms;
+use crate::pprof::uncertainty::variance_terms;
 
 /// Encodes what `world` tracks with `options` (after a GC, so all of it is age >= 1).
 fn encode_with(world: &mut World, options: &EncodeOptions) -> ProfileData {
