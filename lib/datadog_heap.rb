@@ -142,7 +142,7 @@ module DatadogHeap
 
     use_ruby_timer(reason)
     warn "datadog_heap: #{reason}; the windowed sampler's timer is a Ruby thread here and sends no signals " \
-      "(about 10 windows a second next to a busy thread; DATADOG_HEAP_WINDOW_TIMER=native sends them anyway)"
+      "(about 10 ticks a second next to a busy thread; DATADOG_HEAP_WINDOW_TIMER=native sends them anyway)"
   end
 
   # Makes the window timer the Ruby thread for good, and keeps why (nil: the user asked for it
@@ -152,8 +152,8 @@ module DatadogHeap
     _native_use_ruby_timer(true)
   end
 
-  # Why the windowed sampler cannot open windows at the rate asked for in a busy program here, or
-  # nil: its timer would be a Ruby thread (about 10 windows a second next to a thread that never
+  # Why the windowed sampler's timer cannot tick at the rate asked for in a busy program here, or
+  # nil: its timer would be a Ruby thread (about 10 ticks a second next to a thread that never
   # waits) because of this Ruby, a loaded gem that its signals would break, no free signal, or a
   # program that replaced the signal's handler. DATADOG_HEAP_WINDOW_TIMER=ruby (the user's own
   # choice) is not a problem here, and =native skips the check for gems.

@@ -10,7 +10,9 @@ require "json"
 module ServiceStages
   OUT = ENV.fetch("STAGE_OUT")
   STATS = %i[sampler_samples_recorded sampler_allocations_seen sampler_overhead_ns_total sampler_overhead_cpu_ns
-    sampler_effective_sample_every num_object_records lifetime_stack_cache_hits lifetime_stack_cache_misses].freeze
+    sampler_effective_sample_every num_object_records lifetime_stack_cache_hits lifetime_stack_cache_misses
+    sampler_windows_opened sampler_window_ticks sampler_window_allocations sampler_window_armed_allocations
+    sampler_window_late_allocations sampler_windows_spanned].freeze
 
   def self.run
     DatadogHeap::Testing._native_set_stage_costs(true)

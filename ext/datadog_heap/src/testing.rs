@@ -125,12 +125,6 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
         "_native_window_signal_number",
         function!(runtime::window_signal_number, 0),
     )?;
-    // Whether the NEWOBJ hook is installed (a windowed sampler's window is open): allocates
-    // nothing, so a spec can wait for a window without adding to the gap before it.
-    testing.define_singleton_method(
-        "_native_newobj_hook",
-        function!(|| runtime::hook_state().0, 0),
-    )?;
     // How many sessions the runtime lists (running, or with work for a postponed job).
     testing.define_singleton_method(
         "_native_listed_sessions",

@@ -31,7 +31,7 @@ use crate::weak_map;
 pub(crate) use stats::stat_value;
 use stats::stats_hash;
 
-/// Most windows a second a session may ask for (each costs a few microseconds).
+/// Most window-timer ticks a second a session may ask for (each costs a few microseconds).
 pub const MAX_WINDOWS_PER_SECOND: f64 = 100_000.0;
 
 #[derive(TypedData)]

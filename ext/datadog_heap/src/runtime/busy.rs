@@ -3,9 +3,10 @@
 //! them (counted as `sampler_skipped_reentrant`). Per thread, so other threads' allocations are
 //! still sampled while one thread encodes a profile without the GVL. Needs the GVL throughout.
 //!
-//! The busy set also counts those allocations (`own_allocations`): the windowed sampler weighs a
-//! window by the program's allocations in the gap before it, and our own work (commit jobs, on
-//! Ruby 3.1 about two objects per sample for the WeakMap) lands mostly in gaps.
+//! The busy set also counts those allocations (`own_allocations`): the windowed sampler places
+//! its windows along the program's allocations (the VM's counter less ours), which the hook
+//! counts without ours too, so our own work (commit jobs, on Ruby 3.1 about two objects per
+//! sample for the WeakMap) moves no window.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};

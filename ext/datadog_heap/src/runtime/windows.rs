@@ -51,18 +51,20 @@ fn uniform() -> f64 {
     (x >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// How far ahead of a window's start (checkpoint placement) the hook is armed, in time at the
-/// program's current allocation rate; never fewer than [`MIN_HORIZON`] allocations.
+/// How far ahead of a window's start the hook is armed, in time at the program's current
+/// allocation rate; never fewer than [`MIN_HORIZON`] allocations.
 const ARM_AHEAD_S: f64 = 1e-3;
 const MIN_HORIZON: u64 = 256;
 /// The shortest window, in time at the program's allocation rate: twice the horizon, so arming
-/// costs at most half what the window does (the gaps grow with the windows, so the share
+/// costs at most half what the window does (the strata grow with the windows, so the share
 /// watched stays the same).
 const MIN_WINDOW_S: f64 = 2e-3;
 const MAX_WINDOW: u64 = 1 << 22;
 /// A window job that runs within this long of the timer's request ran promptly: no C call or GC
 /// held it up (see `Checkpoints::on_check`).
 const PROMPT_NS: u64 = 200_000;
+/// The soonest the timer ticks again when a window's start is near.
+const MIN_TICK_NS: u64 = 200_000;
 
 /// When the native timer last asked for the window job (monotonic ns; 0: not since the last job).
 static ASKED_AT_NS: AtomicU64 = AtomicU64::new(0);
@@ -82,15 +84,11 @@ pub fn tick_from_ruby_timer(ruby: &Ruby) -> Option<f64> {
     ASKED_AT_NS.store(shims::clock_ns(shims::Clock::Monotonic), Ordering::Relaxed);
     tick(ruby)
 }
-/// The soonest the timer ticks again when a window's start is near.
-const MIN_TICK_NS: u64 = 200_000;
 
 /// The program's allocation rate as the ticks see it (for arming windows in time).
 struct Pace {
     /// The program's allocation count, the time and the GC count at the last tick.
     last: Option<(u64, std::time::Instant, u64)>,
-    /// Allocations since the tick before.
-    moved: u64,
     /// How late ticks have come to windows' starts lately, in allocations: the most recent
     /// lateness, or nine tenths of the estimate before if higher. The horizon is at least twice
     /// it: on a loaded machine the timer wakes late, and a window moved by a late tick credits
@@ -105,7 +103,6 @@ struct Pace {
 
 static PACE: shims::GvlCell<Pace> = shims::GvlCell::new(Pace {
     last: None,
-    moved: 0,
     rate: 0.0,
     late: 0.0,
 });
@@ -113,11 +110,11 @@ static PACE: shims::GvlCell<Pace> = shims::GvlCell::new(Pace {
 crate::gvl_guarded!(fn with_pace over PACE: Pace);
 
 /// Updates the allocation rate with the count `now` and the GC count `gcs`; returns it (0 when
-/// not known yet) and the allocations since the last tick.
-fn pace(now: u64, gcs: u64) -> (f64, u64) {
+/// not known yet), the allocations since the last tick, and how late ticks came lately.
+fn pace(now: u64, gcs: u64) -> (f64, u64, f64) {
     let at = std::time::Instant::now();
     with_pace(|p| {
-        p.moved = p.last.map_or(0, |(count, ..)| now.saturating_sub(count));
+        let moved = p.last.map_or(0, |(count, ..)| now.saturating_sub(count));
         if let Some((count, then, gcs_then)) = p.last {
             let secs = at.duration_since(then).as_secs_f64();
             if secs > 1e-5 && now >= count && gcs == gcs_then {
@@ -126,7 +123,7 @@ fn pace(now: u64, gcs: u64) -> (f64, u64) {
             }
         }
         p.last = Some((now, at, gcs));
-        (p.rate, p.moved)
+        (p.rate, moved, p.late)
     })
 }
 
@@ -138,13 +135,12 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
     let running = sessions(|s| s.is_running() && rate_of(s).is_some());
     let timer_rate = timer_rate(running.iter().map(|s| &**s));
     let gc_count = shims::gc_count();
-    let (rate, moved) = pace(super::busy::program_allocations(), gc_count);
-    let late = with_pace(|p| p.late);
+    let (rate, moved, late) = pace(super::busy::program_allocations(), gc_count);
     let horizon = ((rate * ARM_AHEAD_S).max(2.0 * late) as u64).max(MIN_HORIZON);
     let min_length = ((rate * MIN_WINDOW_S) as u64).min(MAX_WINDOW);
     let (asked, prompt) = timer_request();
-    // The soonest a checkpoint session needs the next tick, in allocations; how late this tick
-    // came to a window.
+    // The soonest a session needs the next tick, in allocations; how late this tick came to a
+    // window.
     let mut soonest: Option<u64> = None;
     let mut came_late = 0u64;
     for session in &running {
@@ -195,10 +191,8 @@ fn hurry(ns: u64) {
 }
 
 /// Draws the time to the next tick, in nanoseconds: uniform between half and one and a half
-/// times the mean 1 / `rate`, at least 10 µs and at most 10 s. Random, so the windows cannot
-/// keep step with a periodic program, but not exponential: a window's weight depends on the
-/// gaps on either side of it (see `sampler`), and exponential gaps, whose ratio has no finite
-/// mean, made the estimates twice as noisy.
+/// times the mean 1 / `rate`, at least 10 µs and at most 10 s. Random, so the ticks cannot keep
+/// step with a periodic program.
 pub fn next_delay_ns(rate: f64) -> u64 {
     let mean = 1e9 / rate.max(1e-3);
     ((0.5 + uniform()) * mean).clamp(10_000.0, 10e9) as u64
@@ -296,7 +290,7 @@ fn request_tick() {
 #[cfg(not(ruby_gte_3_3))]
 mod signalled;
 
-/// Why the window timer is, or would be, only the Ruby thread (about 10 windows a second next to
+/// Why the window timer is, or would be, only the Ruby thread (about 10 ticks a second next to
 /// a busy thread instead of the rate asked for), beyond the load-time choices lib/datadog_heap.rb
 /// makes and names itself (`use_ruby_thread`); `None` when the native timer works. Before 3.3
 /// only: from 3.3 on the native timer needs no signal. Installs nothing.

@@ -9,14 +9,14 @@
 //! every allocation inside a window takes the VM's slow path and calls the hook
 //! ([`Budget::charge_window`], [`WINDOW_NS_PER_ALLOCATION`] each), and before Ruby 3.3 every
 //! object entered in the WeakMap gets a finalizer that runs when it dies
-//! ([`Budget::charge_commits`], [`WEAK_MAP_DEATH_NS`] each). The windows' own cost (the timer's
-//! wake-up, the jobs that open and close them) is not charged: it comes `windows_per_second`
-//! times a second whatever the interval, so the interval, the budget's only lever, cannot lower
-//! it (docs/performance.md gives it).
+//! ([`Budget::charge_commits`], [`WEAK_MAP_DEATH_NS`] each). The timer's own cost (its wake-ups,
+//! the jobs it asks for) is not charged: it comes about `windows_per_second` times a second
+//! whatever the interval, so the interval, the budget's only lever, cannot lower it
+//! (docs/performance.md gives it).
 //!
 //! Weights stay unbiased: each sample weighs the interval its countdown was drawn with, drawn
-//! from the mean in force at the time (windowed: the window covering its share of the gap before
-//! it), so a change of the mean changes how many samples there are, not what they add up to.
+//! from the mean in force at the time (windowed: over the share of its stratum its window
+//! holds), so a change of the mean changes how many samples there are, not what they add up to.
 //!
 //! Our time is the thread CPU time (`CLOCK_THREAD_CPUTIME_ID`) of the work, not its wall time:
 //! a stretch descheduled on a loaded machine (up to milliseconds, seen in the service bench)

@@ -1,5 +1,5 @@
-//! Windows placed in the program's allocations, opened and closed at the VM's interrupt checks:
-//! the windowed sampler's placement with no blind spot (see `Placement::Checkpoints`).
+//! Where the windowed sampler's windows go: placed in the program's allocations, opened and
+//! closed at the VM's interrupt checks.
 //!
 //! The program's allocations are numbered by the VM's counter less our own (`program_allocations`).
 //! From where sampling starts, that line is cut into strata of `length / d` allocations, `d =
@@ -28,6 +28,7 @@
 //! next one (`window_late_allocations` counts by how much).
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Where a session's window process stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -73,7 +74,14 @@ pub(super) struct Checkpoints {
     mark: Cell<u64>,
     /// What a sample's interval is multiplied by: `sample_every / mean` when the window opened.
     scale: Cell<f64>,
+    /// The number of the window open now (see [`WINDOW_SERIAL`]).
+    serial: Cell<u64>,
 }
+
+/// The last window opened in this process, by any session: each window's samples share its
+/// number as their cluster (see `HeapRecorder::record_sampled_allocation`), unique in the
+/// process and in a forked child (which goes on from the parent's count).
+static WINDOW_SERIAL: AtomicU64 = AtomicU64::new(0);
 
 impl Checkpoints {
     pub fn phase(&self) -> Phase {
@@ -83,6 +91,11 @@ impl Checkpoints {
     /// The weight factor of a sample taken now (inside a window).
     pub fn scale(&self) -> f64 {
         self.scale.get()
+    }
+
+    /// The number of the window open now, its samples' cluster.
+    pub fn serial(&self) -> u64 {
+        self.serial.get()
     }
 
     /// Starts the strata at `now`, from a uniform draw `u`. A first window that starts within
@@ -129,6 +142,8 @@ impl Checkpoints {
         self.mark.set(now);
         self.left.set(self.end.get().saturating_sub(now));
         self.scale.set(1.0 / share.max(f64::MIN_POSITIVE));
+        self.serial
+            .set(WINDOW_SERIAL.fetch_add(1, Ordering::Relaxed) + 1);
     }
 
     /// The next window: the stratum's later piece, or the next stratum's window.
@@ -145,8 +160,9 @@ impl Checkpoints {
     }
 
     /// At an interrupt check (the window job, a timer tick, or the hook's request), with the
-    /// program's allocation count `now`: opens, closes or arms. `horizon`: how far ahead of a
-    /// start to arm; `draw` gives uniform draws for the gaps.
+    /// program's allocation count `now`: opens, closes or arms. `length` and `share` lay out the
+    /// next stratum; `horizon`: how far ahead of a start to arm; `draw` gives the uniform draws
+    /// that place the windows in their strata.
     ///
     /// A tick that finds a window's start behind it (the hook was not armed) is late. When the
     /// timer itself was late (`prompt`: the job ran as soon as the timer asked), the program ran

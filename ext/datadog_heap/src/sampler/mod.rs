@@ -58,23 +58,14 @@ pub fn window_sample_every() -> u64 {
 
 /// Samples a window holds on average: its length is at least this many times the in-window mean
 /// (longer where the program allocates fast, see `runtime::windows`).
-pub const CHECKPOINT_WINDOW_SAMPLES: u64 = 32;
-
-/// The last window opened in this process, by any session: each window's samples share its
-/// number as their cluster (see `HeapRecorder::record_sampled_allocation`), unique in the
-/// process and in a forked child (which goes on from the parent's count).
-static WINDOW_SERIAL: AtomicU64 = AtomicU64::new(0);
-
-fn next_window_serial() -> u64 {
-    WINDOW_SERIAL.fetch_add(1, Ordering::Relaxed) + 1
-}
+const MIN_WINDOW_SAMPLES: u64 = 32;
 
 /// How a session chooses its samples (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Mode {
     Countdown,
-    /// `per_second` windows a second on average (the timer's rate); inside them, a sample every
-    /// `mean` allocations on average (see `SampleConfig::countdown_mean`).
+    /// The window timer ticks `per_second` times a second on average; inside windows, a sample
+    /// every `mean` allocations on average (see `SampleConfig::countdown_mean`).
     Windowed {
         per_second: f64,
         mean: u64,
@@ -82,7 +73,7 @@ pub enum Mode {
 }
 
 impl Mode {
-    /// The windowed sampler's rate of windows; `None` for the countdown sampler.
+    /// The windowed sampler's timer rate; `None` for the countdown sampler.
     pub fn windows_per_second(self) -> Option<f64> {
         match self {
             Mode::Windowed { per_second, .. } => Some(per_second),
@@ -103,8 +94,6 @@ pub struct SamplerState {
     lines: RefCell<Vec<i32>>,
     /// Windowed mode: where the windows are (see `checkpoints`).
     checkpoints: Checkpoints,
-    /// Windowed mode: the number of the window open now (see [`WINDOW_SERIAL`]).
-    window_serial: Cell<u64>,
     /// Windowed mode: the thread that asked for the window job at a boundary (see `tick`).
     asked_from: Cell<VALUE>,
     pub stats: RefCell<SamplerStats>,
@@ -153,11 +142,11 @@ impl SampleConfig {
     fn window_shape(&self) -> (f64, u64) {
         let m = self.countdown_mean();
         let share = (m as f64 / self.sample_every.max(1) as f64).min(1.0);
-        (share, m.saturating_mul(CHECKPOINT_WINDOW_SAMPLES))
+        (share, m.saturating_mul(MIN_WINDOW_SAMPLES))
     }
 
     /// Mean interval of the countdown (inside windows, for the windowed sampler: at most half of
-    /// `sample_every`, so windows leave gaps).
+    /// `sample_every`, so windows hold at most half of the allocations).
     fn countdown_mean(&self) -> u64 {
         match self.mode {
             Mode::Countdown => self.sample_every,
@@ -185,7 +174,6 @@ impl Default for SamplerState {
             frames: RefCell::new(Vec::new()),
             lines: RefCell::new(Vec::new()),
             checkpoints: Checkpoints::default(),
-            window_serial: Cell::new(0),
             asked_from: Cell::new(0),
             stats: RefCell::new(SamplerStats::default()),
             budget: Budget::new(0.0),
@@ -201,11 +189,11 @@ impl SamplerState {
         self.frames.borrow_mut().resize(MAX_FRAMES_LIMIT, 0);
         self.lines.borrow_mut().resize(MAX_FRAMES_LIMIT, 0);
         self.budget.restart(now);
-        self.draw_interval(self.effective(config).countdown_mean());
+        let effective = self.effective(config);
+        self.draw_interval(effective.countdown_mean());
         if let Mode::Windowed { .. } = config.mode {
-            let (share, length) = self.effective(config).window_shape();
+            let (share, length) = effective.window_shape();
             self.checkpoints.restart(now, length, share, self.uniform());
-            self.window_serial.set(next_window_serial());
         }
     }
 
@@ -265,9 +253,6 @@ impl SamplerState {
         if let Some(watched) = out.closed {
             self.budget.charge_window(watched);
         }
-        if out.opened {
-            self.window_serial.set(next_window_serial());
-        }
         self.budget.charge_window(out.armed);
         (self.checkpoints.allocations_to_start(now), out.late)
     }
@@ -297,13 +282,9 @@ impl SamplerState {
         let mut boundary = false;
         if let Mode::Windowed { .. } = mode {
             let (inside, at_boundary, waiting) = self.checkpoints.on_allocation();
-            boundary = at_boundary;
             if at_boundary || waiting {
                 let thread = crate::shims::current_thread();
-                if at_boundary || thread != self.asked_from.get() {
-                    self.asked_from.set(thread);
-                    boundary = true;
-                }
+                boundary = self.asked_from.replace(thread) != thread || at_boundary;
             }
             if !inside {
                 return Tick {
@@ -325,7 +306,7 @@ impl SamplerState {
     pub fn cluster(&self, mode: Mode) -> u64 {
         match mode {
             Mode::Countdown => 0,
-            Mode::Windowed { .. } => self.window_serial.get(),
+            Mode::Windowed { .. } => self.checkpoints.serial(),
         }
     }
 
@@ -384,8 +365,8 @@ impl SamplerState {
         self.interval.set(interval);
     }
 
-    /// The countdown ran out: the weight of the sample due now (its interval, scaled up to the
-    /// window's gap in windowed mode), counted as seen, and the next interval drawn. Called
+    /// The countdown ran out: the weight of the sample due now (its interval, over the chance
+    /// that its window watched it in windowed mode), counted as seen, and the next interval drawn. Called
     /// before deciding whether to take the sample, so skipped samples are counted too.
     fn on_due(&self, stats: &mut SamplerStats, config: SampleConfig) -> u64 {
         let interval = self.interval.get();
