@@ -72,7 +72,8 @@ pub(super) struct Checkpoints {
     second: Cell<Option<(u64, u64)>>,
     /// Where the window opened, or where arming began.
     mark: Cell<u64>,
-    /// What a sample's interval is multiplied by: `sample_every / mean` when the window opened.
+    /// What a sample's interval is multiplied by: the stratum's length over its window's, the
+    /// inverse of the chance its allocations are watched (set where the stratum is laid out).
     scale: Cell<f64>,
     /// The number of the window open now (see [`WINDOW_SERIAL`]).
     serial: Cell<u64>,
@@ -110,7 +111,7 @@ impl Checkpoints {
         self.left.set(0);
         let ahead = self.start.get().saturating_sub(now);
         match ahead {
-            0 => self.open(now, share),
+            0 => self.open(now),
             a if a <= length => {
                 self.phase.set(Phase::Armed);
                 self.left.set(a);
@@ -126,6 +127,7 @@ impl Checkpoints {
         let span = ((length as f64 / share.clamp(1e-9, 1.0)).round() as u64).max(length);
         let offset = ((u * span as f64) as u64).min(span - 1);
         self.stratum_end.set(from + span);
+        self.scale.set(span as f64 / length as f64);
         let (start, end) = match offset + length <= span {
             true => (from + offset, from + offset + length),
             false => {
@@ -137,11 +139,10 @@ impl Checkpoints {
         self.end.set(end);
     }
 
-    fn open(&self, now: u64, share: f64) {
+    fn open(&self, now: u64) {
         self.phase.set(Phase::Open);
         self.mark.set(now);
         self.left.set(self.end.get().saturating_sub(now));
-        self.scale.set(1.0 / share.max(f64::MIN_POSITIVE));
         self.serial
             .set(WINDOW_SERIAL.fetch_add(1, Ordering::Relaxed) + 1);
     }
@@ -203,7 +204,7 @@ impl Checkpoints {
                         self.next_window(length, share, draw());
                         continue;
                     }
-                    self.open(now, share);
+                    self.open(now);
                     out.opened = true;
                 }
                 Phase::Idle => {
@@ -211,7 +212,7 @@ impl Checkpoints {
                     if now >= start && prompt {
                         out.late += now - start;
                         self.end.set(now + (end - start));
-                        self.open(now, share);
+                        self.open(now);
                         out.opened = true;
                         return out;
                     }
@@ -221,7 +222,7 @@ impl Checkpoints {
                         continue;
                     }
                     if now >= start {
-                        self.open(now, share);
+                        self.open(now);
                         out.opened = true;
                         return out;
                     }
@@ -364,6 +365,17 @@ mod tests {
         assert_eq!((cp.start.get(), cp.end.get()), (1_230, 1_256));
         cp.next_window(64, 0.25, 0.0);
         assert_eq!((cp.start.get(), cp.end.get()), (1_256, 1_320));
+    }
+
+    #[test]
+    fn a_window_weighs_by_its_stratum_whatever_the_share_when_it_opens() {
+        // Laid out at a quarter (a stratum of 256 for a window of 64); the budget then halves
+        // the share before the window opens: its samples still stand for 256 / 64 each.
+        let cp = Checkpoints::default();
+        cp.plan_stratum(0, 64, 0.25, 100.0 / 256.0);
+        let out = cp.on_check(120, 64, 0.125, 100, false, || 0.5);
+        assert!(out.opened);
+        assert_eq!(cp.scale(), 4.0);
     }
 
     #[test]
