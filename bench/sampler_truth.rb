@@ -10,7 +10,8 @@
 #   RUNS=5 CHILD=1 SAMPLERS=windowed ruby -Ilib bench/sampler_truth.rb
 #
 # Samplers: `windowed` and `countdown`; SAMPLE_EVERY (default 1024; `default` for the recorder's
-# own, the budget included) applies to each.
+# own, the budget included) applies to each. A sampler written `windowed@DIR` loads the gem from
+# DIR (another build's lib/, to compare two builds in one run); CASES=burst,threads picks cases.
 # Per case and site with at least 25 expected samples it prints the truth, the mean estimate and
 # its standard error over the runs (bias z = (mean - truth) / se), each run's error against the
 # countdown's sigma sqrt(truth * sample_every) (runs within 3.5 of it) and against the run's own
@@ -28,6 +29,10 @@ module SamplerTruth
     (ENV["SAMPLERS"] || "windowed,countdown").split(",")
   end
 
+  def case_names
+    ENV["CASES"] ? ENV["CASES"].split(",") & TruthCases.names : TruthCases.names
+  end
+
   def runs
     Integer(ENV.fetch("RUNS", Bench.pick(20, 2)))
   end
@@ -39,7 +44,7 @@ module SamplerTruth
   def options_for(sampler)
     opts = {max_overhead: nil}
     opts[:sample_every] = sample_every if sample_every
-    case sampler
+    case sampler.split("@").first
     when "countdown" then opts.merge(sampler: :countdown)
     else opts.merge(sampler: :windowed)
     end
@@ -48,11 +53,11 @@ module SamplerTruth
   # In this (fresh) process: one run of every case; prints JSON.
   def one_run(sampler)
     require "datadog_heap"
-    out = TruthCases.names.to_h do |name|
+    out = case_names.to_h do |name|
       estimates, stats, rows = TruthCases.estimate(name, options_for(sampler))
       [name, {estimates: estimates, rows: rows, sample_every: stats[:sampler_effective_sample_every],
               stats: stats.slice(:sampler_windows_opened, :sampler_window_allocations, :sampler_window_armed_allocations,
-                :sampler_window_late_allocations, :sampler_windows_spanned, :sampler_samples_recorded)}]
+                :sampler_window_late_allocations, :sampler_windows_spanned, :sampler_window_wakeups, :sampler_samples_recorded)}]
     end
     JSON.generate(out)
   end
@@ -71,12 +76,12 @@ module SamplerTruth
     out
   end
 
-  def ruby_cmd(*args)
-    [RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), __FILE__, *args]
+  def ruby_cmd(*args, lib: File.expand_path("../lib", __dir__))
+    [RbConfig.ruby, "-I", lib, __FILE__, *args]
   end
 
-  def spawn_json(*args)
-    out = IO.popen(ruby_cmd(*args), &:read)
+  def spawn_json(*args, lib: nil)
+    out = IO.popen(lib ? ruby_cmd(*args, lib: lib) : ruby_cmd(*args), &:read)
     raise "run failed: #{args.join(" ")}" unless $?.success?
     JSON.parse(out)
   end
@@ -90,11 +95,11 @@ module SamplerTruth
     per = Hash.new { |h, k| h[k] = [] }
     # Alternated run by run, so the machine's load falls on every sampler alike.
     runs.times do
-      samplers.each { |s| per[s] << spawn_json("--run", s, ENV["CHILD"] == "1" ? "child" : "parent") }
+      samplers.each { |s| per[s] << spawn_json("--run", s, ENV["CHILD"] == "1" ? "child" : "parent", lib: s.split("@")[1]) }
     end
     puts "Ruby #{RUBY_VERSION}, #{runs} runs per sampler, sample_every #{sample_every || "default"}, " \
          "#{ENV["CHILD"] == "1" ? "gem first loaded in a forked child" : "parent"}"
-    TruthCases.names.each { |name| report(name, truth[name], per) }
+    case_names.each { |name| report(name, truth[name], per) }
   end
 
   def report(name, truth, per)
@@ -118,17 +123,24 @@ module SamplerTruth
         # of its own ±?
         own = results.filter_map { |r| row_of(r["rows"], site) }
         honest = own.count { |objects, sd| (objects - count).abs <= 3 * sd.to_f }
-        puts format("%-11s %-22s %8d %9.0f %8.0f %7.2f %6d of %2d %6d of %2d %5d", sampler, short(site), count, mean, se, z,
+        puts format("%-11s %-22s %8d %9.0f %8.0f %7.2f %6d of %2d %6d of %2d %5d", label(sampler), short(site), count, mean, se, z,
           within, ests.size, honest, own.size, ests.count(&:zero?))
       end
       stats = results.map { |r| r["stats"] }
-      next unless stats.first.key?("sampler_window_late_allocations") && sampler != "countdown"
+      next unless stats.first.key?("sampler_window_late_allocations") && !sampler.start_with?("countdown")
       late = stats.sum { |s| s["sampler_window_late_allocations"].to_i }
       watched = stats.sum { |s| s["sampler_window_allocations"] }
       armed = stats.sum { |s| s["sampler_window_armed_allocations"].to_i }
-      puts format("%-10s windows %d, watched %d, armed %d, late %d, windows no check fell in %d (all runs)", sampler,
-        stats.sum { |s| s["sampler_windows_opened"] }, watched, armed, late, stats.sum { |s| s["sampler_windows_spanned"].to_i })
+      puts format("%-10s windows %d, watched %d, armed %d, late %d, windows no check fell in %d, wake-ups %d (all runs)",
+        label(sampler), stats.sum { |s| s["sampler_windows_opened"] }, watched, armed, late,
+        stats.sum { |s| s["sampler_windows_spanned"].to_i }, stats.sum { |s| s["sampler_window_wakeups"].to_i })
     end
+  end
+
+  # A sampler's name in the table: `windowed@DIR` as `windowed@` and the name of DIR's parent.
+  def label(sampler)
+    name, lib = sampler.split("@", 2)
+    lib ? "#{name}@#{File.basename(File.dirname(lib))}" : name
   end
 
   # The profile's row (objects, stddev) for a truth site, by file name and line.
@@ -146,7 +158,7 @@ end
 
 case ARGV[0]
 when "--truth"
-  puts JSON.generate(TruthCases.names.to_h { |name| [name, TruthCases.truth(name).select { |_, n| n >= 100 }] })
+  puts JSON.generate(SamplerTruth.case_names.to_h { |name| [name, TruthCases.truth(name).select { |_, n| n >= 100 }] })
 when "--run"
   puts(ARGV[2] == "child" ? SamplerTruth.child_run(ARGV[1]) : SamplerTruth.one_run(ARGV[1]))
 else

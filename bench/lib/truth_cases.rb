@@ -5,7 +5,7 @@
 # keeps its objects in `kept` until the caller has read the recorder, and is deterministic, so
 # the exact truth (Ruby's own allocation tracing, in another run) holds for every run.
 #
-# Used by bench/sampler_truth.rb and spec/sampler_truth_spec.rb.
+# Used by bench/sampler_truth.rb.
 require "json"
 
 module TruthCases
@@ -19,7 +19,7 @@ module TruthCases
 
   # The case names, in the order they run.
   def names
-    %w[marshal json burst phases threads]
+    %w[marshal json burst long_burst phases threads]
   end
 
   # Runs case `name`, keeping its objects in `kept`.
@@ -45,6 +45,15 @@ module TruthCases
   def case_burst(kept)
     sleep 0.02
     kept << Array.new(30_000) { Pair.new(1, 2) }
+    sleep 0.02
+    churn(50_000)
+  end
+
+  # 200,000 objects kept in a burst of about 30 ms between two idle stretches: several strata
+  # of windows go by before the timer's next tick.
+  def case_long_burst(kept)
+    sleep 0.02
+    kept << Array.new(200_000) { Pair.new(1, 2) }
     sleep 0.02
     churn(50_000)
   end

@@ -53,6 +53,7 @@ pub(super) fn stats_hash(ruby: &Ruby, session: &Session) -> Result<RHash, Error>
             st.window_late_allocations,
         ),
         ("sampler_windows_spanned", st.windows_spanned),
+        ("sampler_window_wakeups", st.window_wakeups),
     ] {
         hash.aset(ruby.to_symbol(key), value)?;
     }

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use magnus::Ruby;
 
 use super::{busy::BusyGuard, sessions, sync_hooks, Session};
+use crate::sampler::WAKE_AFTER;
 use crate::shims;
 
 /// A windowed session's rate, or `None` for a countdown session.
@@ -65,6 +66,20 @@ const MAX_WINDOW: u64 = 1 << 22;
 const PROMPT_NS: u64 = 200_000;
 /// The soonest the timer ticks again when a window's start is near.
 const MIN_TICK_NS: u64 = 200_000;
+/// The program is quiet when it allocated over the last stretch that can tell (at least
+/// [`JUDGED_S`] long, as a window's boundary job right after a tick is not, and without a GC,
+/// whose pause would pass for a quiet program) at under this share of its pace lately
+/// ([`Pace::rate`]), when no pace is known yet, or when the last tick is older than
+/// [`STALE_S`] (the timer was stopped, as between two recorders, or a long call held the
+/// tick): what the program did in so long a stretch says nothing of what it does now. A phase
+/// that allocates at a third of the one before is not quiet: a quiet program's ticks are not
+/// hurried, and windows in such a phase came late when the share was a half of the fastest
+/// pace in seconds.
+const QUIET_SHARE: f64 = 0.1;
+const JUDGED_S: f64 = 5e-4;
+const STALE_S: f64 = 0.1;
+/// How fast [`Pace::rate`] forgets.
+const RATE_HALF_LIFE_S: f64 = 0.05;
 
 /// When the native timer last asked for the window job (monotonic ns; 0: not since the last job).
 static ASKED_AT_NS: AtomicU64 = AtomicU64::new(0);
@@ -94,36 +109,62 @@ struct Pace {
     /// it: on a loaded machine the timer wakes late, and a window moved by a late tick credits
     /// its place to what came after it.
     late: f64,
-    /// Allocations per second: the last stretch's, or nine tenths of the previous estimate if
-    /// higher, from stretches without a GC only (a GC pauses the program, after which it
-    /// allocates at full speed again). A rate that falls is believed slowly, so ticks come early
-    /// rather than late.
+    /// Allocations per second: the last stretch's, or the previous estimate if higher, halved
+    /// every [`RATE_HALF_LIFE_S`] (by time: hurried ticks come often in a busy stretch, and a
+    /// decay by tick forgot the pace within a millisecond or two). A rate that falls is believed
+    /// slowly, so ticks come early rather than late. A stretch with a GC in it counts too, its
+    /// pace too low if anything (the GC paused the program), so it can only keep the estimate
+    /// up; leaving such stretches out, as this did until 2026-12-06, let the estimate decay
+    /// through a phase that collects every few milliseconds, and ticks came late.
     rate: f64,
+    /// The program was quiet over the last stretch that could tell (see [`QUIET_SHARE`]).
+    quiet: bool,
 }
 
 static PACE: shims::GvlCell<Pace> = shims::GvlCell::new(Pace {
     last: None,
     rate: 0.0,
     late: 0.0,
+    quiet: true,
 });
+
+/// What a tick learns of the program's pace (see [`pace`]).
+struct Seen {
+    /// Allocations per second, as [`Pace::rate`] (0 when not known yet).
+    rate: f64,
+    /// How late ticks came lately, as [`Pace::late`].
+    late: f64,
+    /// The program allocates at a small share of its recent pace, or no pace is known yet: a
+    /// burst may come before the timer's next tick foresees it (see [`QUIET_SHARE`]).
+    quiet: bool,
+}
 
 crate::gvl_guarded!(fn with_pace over PACE: Pace);
 
-/// Updates the allocation rate with the count `now` and the GC count `gcs`; returns it (0 when
-/// not known yet), the allocations since the last tick, and how late ticks came lately.
-fn pace(now: u64, gcs: u64) -> (f64, u64, f64) {
+/// Updates the allocation rate with the count `now` and the GC count `gcs` (see [`Seen`]).
+fn pace(now: u64, gcs: u64) -> Seen {
     let at = std::time::Instant::now();
     with_pace(|p| {
-        let moved = p.last.map_or(0, |(count, ..)| now.saturating_sub(count));
         if let Some((count, then, gcs_then)) = p.last {
             let secs = at.duration_since(then).as_secs_f64();
-            if secs > 1e-5 && now >= count && gcs == gcs_then {
-                let rate = (now - count) as f64 / secs;
-                p.rate = rate.max(p.rate * 0.9);
+            let stretch = (secs > 1e-5 && secs < STALE_S && now >= count)
+                .then(|| (now - count) as f64 / secs);
+            let before = p.rate * 0.5f64.powf(secs / RATE_HALF_LIFE_S);
+            match stretch {
+                Some(rate) if secs >= JUDGED_S && gcs == gcs_then => {
+                    p.quiet = rate < QUIET_SHARE * before
+                }
+                Some(_) => {}
+                None => p.quiet = true,
             }
+            p.rate = stretch.unwrap_or(0.0).max(before);
         }
         p.last = Some((now, at, gcs));
-        (p.rate, moved, p.late)
+        Seen {
+            rate: p.rate,
+            late: p.late,
+            quiet: p.quiet,
+        }
     })
 }
 
@@ -135,7 +176,11 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
     let running = sessions(|s| s.is_running() && rate_of(s).is_some());
     let timer_rate = timer_rate(running.iter().map(|s| &**s));
     let gc_count = shims::gc_count();
-    let (rate, moved, late) = pace(super::busy::program_allocations(), gc_count);
+    let Seen {
+        rate,
+        late,
+        quiet,
+    } = pace(super::busy::program_allocations(), gc_count);
     let horizon = ((rate * ARM_AHEAD_S).max(2.0 * late) as u64).max(MIN_HORIZON);
     let min_length = ((rate * MIN_WINDOW_S) as u64).min(MAX_WINDOW);
     let (asked, prompt) = timer_request();
@@ -143,6 +188,7 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
     // window.
     let mut soonest: Option<u64> = None;
     let mut came_late = 0u64;
+    let mut woke = 0u8;
     for session in &running {
         // Kept on this stack, so the GC's conservative scan marks it while we use it (as jobs do).
         let map = std::hint::black_box(session.weak_map_raw());
@@ -155,9 +201,17 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
             session.young_update_from_job(ruby);
         }
         let now = super::busy::program_allocations();
-        let (ahead, late) =
+        let (ahead, late, stage) =
             (session.sampler).check(session.config, now, horizon, min_length, (asked, prompt));
         came_late = came_late.max(late);
+        woke = woke.max(stage);
+        // The first wake-up after a quiet stretch: the program allocates again. Its pace over
+        // the stretch is mostly the quiet part's, so it is measured again over the next few
+        // hundred allocations (the tick is left unhurried meanwhile).
+        let ahead = match stage == 1 && session.sampler.wake(now, WAKE_AFTER, 2) {
+            true => None,
+            false => ahead,
+        };
         soonest = match (soonest, ahead) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -165,19 +219,37 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
         std::hint::black_box(&map);
     }
     with_pace(|p| p.late = (came_late as f64).max(p.late * 0.9));
-    sync_hooks();
     if let (Some(ahead), Some(top)) = (soonest, timer_rate) {
         // Come back at most halfway to where the count should be half the horizon short of
         // the start: the rate may rise meanwhile, and each tick measures it again. Not while
-        // the program hardly allocates (it waits on IO, say): ticks every few hundred µs would
-        // cost it more than a window opened late, which the next usual tick moves (see
-        // `Checkpoints::on_check`).
-        if rate > 0.0 && moved >= horizon / 4 {
+        // the program is quiet (it waits on IO, say): ticks every few hundred µs would cost it
+        // more than the wake-up below. After a second wake-up the program is known to allocate
+        // at `rate`.
+        if rate > 0.0 && (!quiet || woke == 2) {
             let secs = 0.5 * ahead.saturating_sub(horizon / 2) as f64 / rate;
             let ns = (secs * 1e9).clamp(MIN_TICK_NS as f64, 1e9 / top);
             hurry(ns as u64);
         }
     }
+    // A quiet tick of the timer's: a burst could pass several windows' starts before the next
+    // one, so the hook wakes the sampler once the program allocates again. At most one a tick
+    // (a wake-up never arms another of its stage), so it costs nothing in a program that stays
+    // quiet and a few hundred slow-path allocations in one that wakes up.
+    if asked && quiet {
+        let now = super::busy::program_allocations();
+        for session in &running {
+            if !session.is_dropped() && session.is_running() {
+                session.sampler.wake(now, WAKE_AFTER, 1);
+            }
+        }
+    }
+    if woke == 1 {
+        // The second wake-up measures the pace from here, after this job's own work.
+        let now = super::busy::program_allocations();
+        let at = std::time::Instant::now();
+        with_pace(|p| p.last = Some((now, at, shims::gc_count())));
+    }
+    sync_hooks();
     let after = sessions(|s| s.is_running() && rate_of(s).is_some());
     self::timer_rate(after.iter().map(|s| &**s))
 }
@@ -277,13 +349,17 @@ pub fn shutdown() {
     ruby_thread::shutdown()
 }
 
-/// Asks for the window job from the timer thread.
-fn request_tick() {
+/// Asks for the window job from the timer thread; whether the request reached the VM (before
+/// 3.3, not while no thread holds the GVL).
+fn request_tick() -> bool {
     ASKED_AT_NS.store(shims::clock_ns(shims::Clock::Monotonic), Ordering::Relaxed);
     #[cfg(ruby_gte_3_3)]
-    super::jobs::request_window();
+    return {
+        super::jobs::request_window();
+        true
+    };
     #[cfg(not(ruby_gte_3_3))]
-    signalled::request();
+    signalled::request()
 }
 
 /// Ruby < 3.3: getting the window job to the Ruby thread that holds the GVL, by signal.

@@ -26,9 +26,20 @@
 //! job at the end. A tick that comes after the start (the program allocated faster than the
 //! timer foresaw) moves the window to where it opens, keeping its length and the place of the
 //! next one (`window_late_allocations` counts by how much).
+//!
+//! A program that hardly allocates at a tick (it sleeps, or waits on a socket) gives the timer
+//! no pace to foresee a burst by, and the next tick may come after the burst passed several
+//! starts. Such a tick arms the hook to wake the sampler instead (`wake`): after a few hundred
+//! allocations, the hook asks for the job, whose check measures the program's pace afresh and
+//! arms or hurries the timer as for any busy stretch.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Allocations after which a wake-up asks for the window job (see [`Checkpoints::wake`]); the
+/// second wake-up after as many again, so it measures the program's pace over allocating time
+/// only. About 15 µs of the hook's slow path each on Ruby 3.1.
+pub const WAKE_AFTER: u64 = 512;
 
 /// Where a session's window process stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -50,6 +61,8 @@ pub(super) struct CheckOutcome {
     pub closed: Option<u64>,
     /// Allocations by which a late timer moved a window (see `on_check`).
     pub late: u64,
+    /// The hook's wake-up came (see [`Checkpoints::wake`]): its stage, else 0.
+    pub woke: u8,
     /// Windows that no check fell inside (a C call or a GC spanned them).
     pub spanned: u64,
     /// The hook counted this many allocations before the window opened (armed, unwatched).
@@ -77,6 +90,9 @@ pub(super) struct Checkpoints {
     scale: Cell<f64>,
     /// The number of the window open now (see [`WINDOW_SERIAL`]).
     serial: Cell<u64>,
+    /// Armed to wake the sampler before the start (see [`Checkpoints::wake`]): the wake-up's
+    /// stage; 0 when armed to the start itself.
+    waking: Cell<u8>,
 }
 
 /// The last window opened in this process, by any session: each window's samples share its
@@ -100,12 +116,14 @@ impl Checkpoints {
     }
 
     /// Starts the strata at `now`, from a uniform draw `u`. A first window that starts within
-    /// a window's length is armed at once (no tick may come before it); a later one waits for
-    /// the timer like any other. Arming all the way to a far start would install the hook for up
-    /// to a whole stratum, a cost a recorder started often (once a request, say) would pay each
-    /// time.
+    /// a window's length is armed at once (no tick may come before it); for a later one the hook
+    /// wakes the sampler after [`WAKE_AFTER`] allocations, as after a quiet tick: no pace is
+    /// known yet, and the first tick may come after the program passed the start. Arming all
+    /// the way to a far start would install the hook for up to a whole stratum, a cost a
+    /// recorder started often (once a request, say) would pay each time.
     pub fn restart(&self, now: u64, length: u64, share: f64, u: f64) {
         self.second.set(None);
+        self.waking.set(0);
         self.plan_stratum(now, length, share, u);
         self.mark.set(now);
         self.left.set(0);
@@ -116,7 +134,10 @@ impl Checkpoints {
                 self.phase.set(Phase::Armed);
                 self.left.set(a);
             }
-            _ => self.phase.set(Phase::Idle),
+            _ => {
+                self.phase.set(Phase::Idle);
+                self.wake(now, WAKE_AFTER, 1);
+            }
         }
     }
 
@@ -160,6 +181,22 @@ impl Checkpoints {
         self.left.set(0);
     }
 
+    /// While idle, arms the hook to ask for the window job after `after` allocations (or at the
+    /// window's start if that comes first), so a burst of allocations wakes the sampler however
+    /// late the timer's next tick comes. `stage` tells the wake-up's check which one it was.
+    /// Whether the hook was armed.
+    pub fn wake(&self, now: u64, after: u64, stage: u8) -> bool {
+        let ahead = self.start.get().saturating_sub(now);
+        if self.phase.get() != Phase::Idle || ahead == 0 {
+            return false;
+        }
+        self.phase.set(Phase::Armed);
+        self.mark.set(now);
+        self.left.set(after.clamp(1, ahead));
+        self.waking.set(if after < ahead { stage.max(1) } else { 0 });
+        true
+    }
+
     /// At an interrupt check (the window job, a timer tick, or the hook's request), with the
     /// program's allocation count `now`: opens, closes or arms. `length` and `share` lay out the
     /// next stratum; `horizon`: how far ahead of a start to arm; `draw` gives the uniform draws
@@ -191,6 +228,22 @@ impl Checkpoints {
                     }
                     out.closed = Some(now.saturating_sub(self.mark.get()));
                     self.next_window(length, share, draw());
+                }
+                Phase::Armed if self.waking.get() != 0 => {
+                    // Armed to wake. A tick before the wake-up leaves it armed unless the start
+                    // is near enough to arm for (a tick that finds the program busy does not
+                    // arm another, and its hurried successor may find the program asleep); the
+                    // wake-up's own check decides anew from here, the start included.
+                    let fired = self.left.get() == 0;
+                    if !fired && self.start.get().saturating_sub(now) > horizon {
+                        return out;
+                    }
+                    out.armed += now.saturating_sub(self.mark.get());
+                    if fired {
+                        out.woke = self.waking.get();
+                    }
+                    self.waking.set(0);
+                    self.phase.set(Phase::Idle);
                 }
                 Phase::Armed => {
                     if now < self.start.get() {
@@ -274,6 +327,7 @@ impl Checkpoints {
         };
         self.phase.set(Phase::Idle);
         self.left.set(0);
+        self.waking.set(0);
         seen
     }
 }

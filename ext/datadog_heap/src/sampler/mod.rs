@@ -32,6 +32,7 @@ use rb_sys::VALUE;
 pub use budget::{empty_stretch_ns, Budget, CostClock};
 use capture::CapturedStack;
 use checkpoints::{CheckOutcome, Checkpoints, Phase};
+pub use checkpoints::WAKE_AFTER;
 pub use frame_names::frame_name;
 pub use sampled::sample;
 
@@ -86,8 +87,9 @@ impl Mode {
 pub struct SamplerState {
     /// Allocations left before the next sample.
     countdown: Cell<u64>,
-    /// The interval `countdown` started from: the weight of the sample it leads to.
-    interval: Cell<u64>,
+    /// The mean `countdown` was drawn with: the weight of the sample it leads to (see
+    /// `draw_interval`).
+    mean: Cell<u64>,
     rng: Cell<u64>,
     /// Frame buffers for rb_profile_frames, sized when sampling starts (never in the hook).
     frames: RefCell<Vec<VALUE>>,
@@ -123,6 +125,8 @@ pub struct SamplerStats {
     /// Windowed mode: the timer's ticks that checked this session's window (not the jobs the hook
     /// asked for at a window's boundary).
     pub window_ticks: u64,
+    /// Windowed mode: the hook's wake-ups after a quiet tick that came (see `Checkpoints::wake`).
+    pub window_wakeups: u64,
 }
 
 /// What a sample needs from its session's options.
@@ -169,7 +173,7 @@ impl Default for SamplerState {
     fn default() -> Self {
         SamplerState {
             countdown: Cell::new(1),
-            interval: Cell::new(1),
+            mean: Cell::new(1),
             rng: Cell::new(seed()),
             frames: RefCell::new(Vec::new()),
             lines: RefCell::new(Vec::new()),
@@ -225,8 +229,9 @@ impl SamplerState {
     /// `runtime::windows`); `asked`: the timer asked for this job (else the hook did, at a
     /// boundary); `prompt`: it ran as soon as the timer asked (see `Checkpoints::on_check`).
     /// Returns the allocations to the next window's start while no hook is needed (the timer
-    /// should tick again before then), and how late this tick came to a window's start (0 when
-    /// it did not). Needs the GVL; never from the hook.
+    /// should tick again before then), how late this tick came to a window's start (0 when it
+    /// did not), and the stage of the wake-up that asked for this check (0: none, see
+    /// `Checkpoints::wake`). Needs the GVL; never from the hook.
     pub fn check(
         &self,
         config: SampleConfig,
@@ -234,7 +239,7 @@ impl SamplerState {
         horizon: u64,
         min_length: u64,
         (asked, prompt): (bool, bool),
-    ) -> (Option<u64>, u64) {
+    ) -> (Option<u64>, u64, u8) {
         let (share, length) = self.effective(config).window_shape();
         let length = length.max(min_length);
         let mut rng = || self.uniform();
@@ -246,6 +251,7 @@ impl SamplerState {
             stats.window_armed_allocations += out.armed;
             stats.window_late_allocations += out.late;
             stats.windows_spanned += out.spanned;
+            stats.window_wakeups += (out.woke != 0) as u64;
             if let Some(watched) = out.closed {
                 stats.window_allocations = stats.window_allocations.saturating_add(watched);
             }
@@ -254,7 +260,14 @@ impl SamplerState {
             self.budget.charge_window(watched);
         }
         self.budget.charge_window(out.armed);
-        (self.checkpoints.allocations_to_start(now), out.late)
+        (self.checkpoints.allocations_to_start(now), out.late, out.woke)
+    }
+
+    /// Windowed mode, while no window is near: arms the hook to ask for the window job after
+    /// `after` of the program's allocations from `now` (see `Checkpoints::wake`); whether it did.
+    /// Needs the GVL; never from the hook.
+    pub fn wake(&self, now: u64, after: u64, stage: u8) -> bool {
+        self.checkpoints.wake(now, after, stage)
     }
 
     /// When sampling stops at the program's allocation count `now`: no window any more (every
@@ -346,9 +359,15 @@ impl SamplerState {
     }
 
     /// Draws the allocations until the next sample: geometric with mean `every`, so periodic
-    /// allocation patterns cannot line up with the sampling points.
+    /// allocation patterns cannot line up with the sampling points. A geometric countdown is a
+    /// coin of chance 1 / `every` tossed at each allocation, so the sample it leads to weighs
+    /// `every`, not the interval it ended: an interval's allocations are not all of the sampled
+    /// one's kind, and weighing the interval gives the allocations at the start of a recording
+    /// (the first interval is cut short there) and those after the last sample no weight at all,
+    /// which read a block of objects made right after `start` about one interval low.
     fn draw_interval(&self, every: u64) {
-        let interval = if every <= 1 {
+        let every = every.max(1);
+        let interval = if every == 1 {
             1
         } else {
             // u in (0, 1]; P(interval = k) = p (1-p)^(k-1) with p = 1/every.
@@ -362,18 +381,19 @@ impl SamplerState {
             }
         };
         self.countdown.set(interval);
-        self.interval.set(interval);
+        self.mean.set(every);
     }
 
-    /// The countdown ran out: the weight of the sample due now (its interval, over the chance
-    /// that its window watched it in windowed mode), counted as seen, and the next interval drawn. Called
-    /// before deciding whether to take the sample, so skipped samples are counted too.
+    /// The countdown ran out: the weight of the sample due now (the mean its countdown was drawn
+    /// with, over the chance that its window watched it in windowed mode), counted as seen, and
+    /// the next interval drawn. Called before deciding whether to take the sample, so skipped
+    /// samples are counted too.
     fn on_due(&self, stats: &mut SamplerStats, config: SampleConfig) -> u64 {
-        let interval = self.interval.get();
+        let mean = self.mean.get();
         let weight = match config.mode {
-            Mode::Countdown => interval,
+            Mode::Countdown => mean,
             Mode::Windowed { .. } => {
-                let scaled = (interval as f64 * self.checkpoints.scale()).round();
+                let scaled = (mean as f64 * self.checkpoints.scale()).round();
                 if scaled.is_finite() && scaled >= 1.0 {
                     scaled.min(u64::MAX as f64 / 2.0) as u64
                 } else {

@@ -64,30 +64,29 @@ pub fn counts() -> (u64, u64) {
     )
 }
 
-/// From the timer thread: signals the thread that holds the GVL, if one does. When none
-/// does (every Ruby thread blocked or asleep) the Ruby timer thread, which runs beside this
-/// one before 3.3, gets the GVL at once and ticks (see `set_rate`).
+/// From the timer thread: signals the thread that holds the GVL, if one does; whether it did.
+/// When none does (every Ruby thread blocked or asleep) the Ruby timer thread, which runs
+/// beside this one before 3.3, gets the GVL at once and ticks (see `set_rate`), at its own
+/// pace; a hurried tick is tried again soon instead (see `native::run`).
 ///
 /// Before each signal it checks that the handler is still ours: a program that later set
 /// the signal back to its default action would be ended by the next one, and one that took
 /// it for itself would receive ours. Once it is not, no signal is sent again; the Ruby timer
 /// thread opens the windows from then on, and `problem` says so (a warning, the stats, the
 /// profiles). A handler changed between this check and the signal (microseconds) is not seen.
-pub fn request() {
+pub fn request() -> bool {
     let Some(&sig) = SIGNAL.get().filter(|&&s| s != 0) else {
-        return;
+        return false;
     };
     if HANDLER_REPLACED.load(Ordering::Relaxed) {
-        return;
+        return false;
     }
     if signal::handler_of(sig) != Some(on_signal as signal::Handler as libc::sighandler_t) {
         HANDLER_REPLACED.store(true, Ordering::Relaxed);
-        return;
+        return false;
     }
     let owner = gvl_owner::gvl_owner_tid();
-    if owner > 0 {
-        signal::send_to_thread(owner, sig);
-    }
+    owner > 0 && signal::send_to_thread(owner, sig)
 }
 
 /// In a forked child, on the thread that forked: the owner's id must come from this thread
