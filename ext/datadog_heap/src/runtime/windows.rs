@@ -54,12 +54,12 @@ fn uniform() -> f64 {
 
 /// How far ahead of a window's start the hook is armed, in time at the program's current
 /// allocation rate; never fewer than [`MIN_HORIZON`] allocations.
-const ARM_AHEAD_S: f64 = 1e-3;
+const ARM_AHEAD_S: f64 = 5e-4;
 const MIN_HORIZON: u64 = 256;
 /// The shortest window, in time at the program's allocation rate: twice the horizon, so arming
 /// costs at most half what the window does (the strata grow with the windows, so the share
 /// watched stays the same).
-const MIN_WINDOW_S: f64 = 2e-3;
+const MIN_WINDOW_S: f64 = 1e-3;
 const MAX_WINDOW: u64 = 1 << 22;
 /// A window job that runs within this long of the timer's request ran promptly: no C call or GC
 /// held it up (see `Checkpoints::on_check`).
