@@ -81,8 +81,8 @@ RSpec.describe "countdown estimates", :heavy do
 
   # The budget raises the interval by how much of the CPU our work takes here, so the interval
   # differs by machine and load and is not seeded. Sigma: each kept object has variance (m - 1) for
-  # the interval m its sample was drawn at, and sum(w^2) / sum(w) over the records estimates that m
-  # as the kept objects saw it (about 2m for geometric draws, so the bound is loose). Multiplied by
+  # the mean interval m its sample was drawn with (its weight), and sum(w^2) / sum(w) over the
+  # records estimates that m as the kept objects saw it. Multiplied by
   # the truth, not by the estimate: the first version of this example used sum(w(w - 1)), which
   # shrinks with a low estimate, and failed once at "-4.1 sigma" (2.4 by this one). 12 runs of
   # the workload below at 1.6M iterations averaged 0.9994 of the truth, standard error 0.017.

@@ -20,7 +20,7 @@ RSpec.describe "overhead budget" do
     rec.each_live_object.each_with_object(Hash.new(0)) { |o, h| h[o.locations.first[2]] += o.weight }
   end
 
-  # Four standard deviations of an estimate of `truth` objects from geometric intervals of mean
+  # Four standard deviations of an estimate of `truth` objects sampled one in `mean` at weight
   # `mean` (variance about truth * mean), or 10%, whichever is wider.
   def bound(truth, mean)
     [0.10 * truth, 4.0 * Math.sqrt(truth * mean)].max

@@ -26,9 +26,8 @@ RSpec.describe "windowed sampler" do
   end
 
   # Relative error allowed for an estimate of `truth` objects sampled at `sample_every`: 10%, or
-  # four standard deviations when that is wider. A windowed sample weighs its geometric interval
-  # times its window's scale, so the estimate's variance is about twice that of `truth /
-  # sample_every` fixed-weight samples: the deviation counts half as many.
+  # four standard deviations when that is wider. Windows are clusters: their samples rise and
+  # fall together, so the deviation counts half as many samples as `truth / sample_every`.
   def tolerance(truth, sample_every)
     samples = truth / (2.0 * sample_every)
     [0.10, 4.0 / Math.sqrt(samples)].max
@@ -94,8 +93,8 @@ RSpec.describe "windowed sampler" do
   end
 
   # Flush objects, of a class that no example counts: the array below may stay reachable after
-  # GC.start (Ruby 3.3 keeps it, from a stale stack slot), and a window that opens after the sleep
-  # weighs its samples by the whole gap before it, so any counted class here would be overestimated.
+  # GC.start (Ruby 3.3 keeps it, from a stale stack slot), and any counted class here would then be
+  # overestimated by what a window sampled of it.
   Flush = Class.new
 
   def finish(rec)

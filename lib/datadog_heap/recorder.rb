@@ -34,7 +34,7 @@ module DatadogHeap
   #   nil: no budget). Default: 0.01 (1%) when sample_every is the gem's own default; none when
   #   sample_every is given, so an interval asked for is the interval used. Over it, the sampler
   #   raises its mean interval above sample_every; it lowers it back when there is room. Each
-  #   sample weighs the interval in force when it was taken, so estimates stay unbiased. When it
+  #   sample weighs the mean interval it was drawn with, so estimates stay unbiased. When it
   #   raised the interval, the gem says so: one warning per process, stats[:sampler_budget_note],
   #   and a note in every profile (which `datadog-heap report` prints under its header). See
   #   docs/samplers.md, "The overhead budget".

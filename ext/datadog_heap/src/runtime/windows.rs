@@ -71,10 +71,10 @@ const MIN_TICK_NS: u64 = 200_000;
 /// whose pause would pass for a quiet program) at under this share of its pace lately
 /// ([`Pace::rate`]), when no pace is known yet, or when the last tick is older than
 /// [`STALE_S`] (the timer was stopped, as between two recorders, or a long call held the
-/// tick): what the program did in so long a stretch says nothing of what it does now. A phase
-/// that allocates at a third of the one before is not quiet: a quiet program's ticks are not
-/// hurried, and windows in such a phase came late when the share was a half of the fastest
-/// pace in seconds.
+/// tick): what the program did in so long a stretch says nothing of what it does now. A quiet
+/// program's ticks are not hurried, so a phase that merely allocates slower than the one before
+/// must not count as quiet: judged against half the fastest pace of the last seconds, windows
+/// in such phases came late.
 const QUIET_SHARE: f64 = 0.1;
 const JUDGED_S: f64 = 5e-4;
 const STALE_S: f64 = 0.1;
@@ -176,11 +176,7 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
     let running = sessions(|s| s.is_running() && rate_of(s).is_some());
     let timer_rate = timer_rate(running.iter().map(|s| &**s));
     let gc_count = shims::gc_count();
-    let Seen {
-        rate,
-        late,
-        quiet,
-    } = pace(super::busy::program_allocations(), gc_count);
+    let Seen { rate, late, quiet } = pace(super::busy::program_allocations(), gc_count);
     let horizon = ((rate * ARM_AHEAD_S).max(2.0 * late) as u64).max(MIN_HORIZON);
     let min_length = ((rate * MIN_WINDOW_S) as u64).min(MAX_WINDOW);
     let (asked, prompt) = timer_request();

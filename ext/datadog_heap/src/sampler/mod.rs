@@ -31,8 +31,8 @@ use rb_sys::VALUE;
 
 pub use budget::{empty_stretch_ns, Budget, CostClock};
 use capture::CapturedStack;
-use checkpoints::{CheckOutcome, Checkpoints, Phase};
 pub use checkpoints::WAKE_AFTER;
+use checkpoints::{CheckOutcome, Checkpoints, Phase};
 pub use frame_names::frame_name;
 pub use sampled::sample;
 
@@ -260,7 +260,11 @@ impl SamplerState {
             self.budget.charge_window(watched);
         }
         self.budget.charge_window(out.armed);
-        (self.checkpoints.allocations_to_start(now), out.late, out.woke)
+        (
+            self.checkpoints.allocations_to_start(now),
+            out.late,
+            out.woke,
+        )
     }
 
     /// Windowed mode, while no window is near: arms the hook to ask for the window job after
