@@ -80,9 +80,9 @@ PROGRAMS.each do |name, program|
         sum = ->(h, i) { h.values.sum { |v| v[i] } }
         objects_est, objects_true, bytes_est, bytes_true = sum.call(est, 0), sum.call(truth, 0), sum.call(est, 1), sum.call(truth, 1)
         # Sampling error of the totals: a sample stands for N allocations, so the variance is about
-        # (N - 1) times the objects' count (for objects) or their sum of squared sizes (for bytes),
-        # twice that with weights that vary as ours do (see bench/lib/real_programs.rb).
-        z = ->(e, t, squares) { format("%+.1f", (e - t) / Math.sqrt(2 * (n - 1) * squares)) }
+        # (N - 1) times the objects' count (for objects) or their sum of squared sizes (for bytes)
+        # (see bench/lib/real_programs.rb). The windowed sampler's clusters make its spread wider.
+        z = ->(e, t, squares) { format("%+.1f", (e - t) / Math.sqrt((n - 1) * squares)) }
         rows << [program[:describe], (asked == :defaults) ? "defaults (#{n} at exit)" : n, run + 1,
           r[:stats][:num_object_records],
           "#{objects_est} / #{objects_true} (#{signed_percent(objects_est, objects_true)}, z #{z.call(objects_est, objects_true, objects_true)})",
@@ -92,7 +92,7 @@ PROGRAMS.each do |name, program|
         top10(truth, 1).each do |loc|
           t = truth[loc]
           e = est.fetch(loc, [0, 0])
-          sigma = Math.sqrt(2 * (n - 1) * t[2])
+          sigma = Math.sqrt((n - 1) * t[2])
           worst << [name, n, run + 1, RealPrograms.short(loc), "#{e[1]} / #{t[1]}",
             signed_percent(e[1], t[1]), sigma.zero? ? "n/a" : format("%+.1f", (e[1] - t[1]) / sigma)]
         end
@@ -119,10 +119,10 @@ unless rows.empty?
   Bench.table(["program", "sample_every", "run", "live samples", "live objects est / true", "live bytes est / true",
     "top-10 by bytes", "top-10 by objects", "run time"], rows)
   puts
-  puts "The 10 heaviest true sites by bytes (z: (est - true) / sigma, sigma = sqrt(2 (N - 1) * sum of size^2)):"
+  puts "The 10 heaviest true sites by bytes (z: (est - true) / sigma, sigma = sqrt((N - 1) * sum of size^2)):"
   Bench.table(%w[program N run site bytes_est/true error z], worst)
   puts
-  puts "The 10 sites with the most live objects (sigma = sqrt(2 (N - 1) n) for n live objects, relative; " \
+  puts "The 10 sites with the most live objects (sigma = sqrt((N - 1) n) for n live objects, relative; " \
     "expected samples n/N; tail: the smaller tail probability of the estimate under the sampling model):"
   Bench.table(%w[program N run site true est error sigma z samples tail], per_site)
   puts

@@ -11,10 +11,10 @@ require_relative "../bench/lib/real_programs"
 # sides, by the same rule (see bench/lib/real_programs.rb). For the 10 sites that truly hold the
 # most live objects:
 # - each estimate must be inside its sampling error: neither tail probability of the estimate,
-#   under the sampling model (n live objects give Poisson(n/m) samples, each weighing an
-#   exponential of mean m; sigma = sqrt(2 (m - 1) n)), may be below 1e-5, about 4.3 sigma where
-#   a normal approximation holds. A site with n/m = 2 expected samples may be off by +-100%; with
-#   500, by +-30%. So does the sum of the 10, and the program's total;
+#   under the sampling model (n live objects give Poisson(n/m) samples, each weighing m; sigma =
+#   sqrt((m - 1) n)), may be below 1e-5, about 4.3 sigma where a normal approximation holds. A
+#   site with n/m = 2 expected samples may be off by +-100%; with 500, by +-20%. So does the sum
+#   of the 10, and the program's total;
 # - our top 10 must hold at least as many of them as the worst of 2000 profiles simulated from
 #   the truth under the same model (a 1-in-2000 event if nothing is wrong).
 # Ignoring the weights (an estimate of n/m), or putting a C method's allocations at its own frame

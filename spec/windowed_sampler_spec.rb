@@ -73,11 +73,33 @@ RSpec.describe "windowed sampler" do
     expect(timers).to eq(0)
   end
 
-  # The workloads below let other threads in now and then, as a server's threads do at every IO:
-  # on Rubies before 3.3 the window timer is a Ruby thread, which only gets the GVL when the busy
-  # thread gives it up (at most every 100 ms otherwise), and a window's samples stand for the
-  # allocations since the previous one, so the timer's resolution is the estimate's (README,
-  # "Samplers"). `pause_every` allocations, a 0.2 ms pause.
+  it "keeps the hook armed through a quiet stretch, so the next burst is counted from its first allocation" do
+    # A quiet tick (the program sleeps) arms the hook to ask for the window job after 512
+    # allocations (unless a window's start is near enough to arm for, or a window is open), and
+    # that job for 512 more, where the program's pace is measured: a burst after the sleep
+    # cannot pass windows' starts before the timer has seen it. `start` does the same.
+    result = in_child(60) do
+      rec = DatadogHeap::Recorder.new(sampler: :windowed, sample_every: 1024, max_overhead: nil)
+      rec.start
+      keep = []
+      after_sleeps = 3.times.map do
+        sleep 0.05
+        installed = hooks[:newobj]
+        2_000.times { keep << Object.new }
+        installed
+      end
+      stats = rec.stats
+      rec.stop
+      [after_sleeps, stats[:sampler_window_ticks], stats[:sampler_window_wakeups]]
+    end
+    after_sleeps, ticks, wakeups = result
+    expect(ticks).to be >= 3
+    expect(after_sleeps).to all(be(true))
+    expect(wakeups).to be >= 1 # at least the one `start` armed
+  end
+
+  # The workloads below pause now and then, as a server's threads do at every IO: `pause_every`
+  # allocations, a 0.2 ms pause.
   def windowed(**opts)
     # No overhead budget: these examples check the estimator at a fixed interval.
     DatadogHeap::Recorder.new(sampler: :windowed, **{sample_every: 64, windows_per_second: 1000, max_overhead: nil}.merge(opts))

@@ -222,17 +222,16 @@ end
 # The sampling model the tolerances come from, and the comparison of one run.
 #
 # The countdown samples each allocation with probability 1/m (m = sample_every: geometric
-# intervals) and weighs a sample by the interval that ended at it, itself geometric with mean m.
-# So a site with n live objects gets K ~ Poisson(n/m) samples (n/m is its expected sample count)
-# whose weights are close to independent exponentials of mean m: the estimate is m times a sum of
-# K unit exponentials. Its mean is n; its variance is about 2(m - 1)n, twice that of a constant
-# weight m, because the weights vary too (samples that land close together at one site weigh
-# less in sum, so the variance is at most that). Relative sigma: sqrt(2/(n/m)) for n/m samples.
+# intervals, a coin tossed at every allocation) and weighs every sample m. So a site with n live
+# objects gets K ~ Poisson(n/m) samples (n/m is its expected sample count, and the binomial it
+# truly is differs little) and is estimated at m K: mean n, variance about (m - 1) n, relative
+# sigma about sqrt(1/(n/m)). Until 2026-12-06 a sample weighed the interval that ended at it, an
+# exponential of mean m, which doubled that variance; this model then summed K exponentials.
 module RealPrograms
   module_function
 
   def sigma(n, m)
-    Math.sqrt(2.0 * (m - 1) * n)
+    Math.sqrt((m - 1).to_f * n)
   end
 
   # log of the Poisson(lam) probability of k.
@@ -242,27 +241,18 @@ module RealPrograms
     -lam + k * Math.log(lam) - Math.lgamma(k + 1).first
   end
 
-  # [P(S <= x), P(S >= x)] for S = m * (sum of K unit exponentials), K ~ Poisson(n/m): how far in
-  # either tail an estimate x of a site with n live objects is. Exact for the model (no normal
-  # approximation: a site with a few expected samples has a long upper tail).
+  # [P(S <= x), P(S >= x)] for S = m K, K ~ Poisson(n/m): how far in either tail an estimate x of
+  # a site with n live objects is. Exact for the model (no normal approximation: a site with a few
+  # expected samples has a long upper tail).
   def tails(x, n, m)
     lam = n.to_f / m
     return [1.0, 1.0] if lam <= 0 && x <= 0
     return [1.0, 0.0] if lam <= 0
-    return [Math.exp(-lam), 1.0] if x <= 0
 
-    y = x.to_f / m
-    # P(S >= x) = sum over k >= 1 of P(K = k) * P(Gamma(k) >= y), and
-    # P(Gamma(k) >= y) = P(Poisson(y) < k), built up term by term.
-    k_max = (lam + 12 * Math.sqrt(lam) + 40).ceil
-    upper = 0.0
-    gamma_tail = 0.0
-    (1..k_max).each do |k|
-      gamma_tail += Math.exp(log_poisson(k - 1, y))
-      upper += Math.exp(log_poisson(k, lam)) * [gamma_tail, 1.0].min
-    end
-    upper = upper.clamp(0.0, 1.0)
-    [1.0 - upper, upper]
+    below = (x.to_f / m).floor # P(S <= x) = P(K <= below)
+    above = (x.to_f / m).ceil # P(S >= x) = P(K >= above)
+    cdf = ->(k) { k.negative? ? 0.0 : (0..k).sum { |i| Math.exp(log_poisson(i, lam)) }.clamp(0.0, 1.0) }
+    [cdf.call(below), (1.0 - cdf.call(above - 1)).clamp(0.0, 1.0)]
   end
 
   # The top-10 overlap the model expects: `draws` simulated profiles of the true sites (each
@@ -277,7 +267,7 @@ module RealPrograms
     lam = owner.size.to_f / m
     Array.new(draws) do
       est = Hash.new(0.0)
-      poisson(rng, lam).times { est[owner[rng.rand(owner.size)]] -= m * Math.log(1.0 - rng.rand) }
+      poisson(rng, lam).times { est[owner[rng.rand(owner.size)]] += m }
       ours = est.max_by(n) { |i, e| [e, -i] }.map(&:first)
       (ours & true_top).size
     end.sort
