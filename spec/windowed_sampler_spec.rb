@@ -68,7 +68,9 @@ RSpec.describe "windowed sampler" do
     # that at 1 in 1024: 800,000 allocations hold two or three; a GC-stressed run at least one.)
     expect(windows).to be >= (RecorderHelpers::GC_STRESSED ? 1 : 2)
     expect(samples).to be > 0
-    expect(seen[false]).to be > seen[true]
+    # Under GC_STRESS the bursts crawl (a GC per allocation) and the program looks quiet to the
+    # timer, which keeps the hook armed to wake the sampler (about 500 allocations a tick).
+    expect(seen[false]).to be > seen[true] unless RecorderHelpers::GC_STRESSED
     expect(after).to eq(newobj: false, gc_end: false, timer: nil)
     expect(timers).to eq(0)
   end

@@ -68,7 +68,8 @@ const PROMPT_NS: u64 = 200_000;
 const MIN_TICK_NS: u64 = 200_000;
 /// The program is quiet when it allocated over the last stretch that can tell (at least
 /// [`JUDGED_S`] long, as a window's boundary job right after a tick is not, and without a GC,
-/// whose pause would pass for a quiet program) at under this share of its pace lately
+/// whose pause would pass for a quiet program; one with a GC still tells a busy program) at
+/// under this share of its pace lately
 /// ([`Pace::rate`]), when no pace is known yet, or when the last tick is older than
 /// [`STALE_S`] (the timer was stopped, as between two recorders, or a long call held the
 /// tick): what the program did in so long a stretch says nothing of what it does now. A quiet
@@ -154,6 +155,8 @@ fn pace(now: u64, gcs: u64) -> Seen {
                 Some(rate) if secs >= JUDGED_S && gcs == gcs_then => {
                     p.quiet = rate < QUIET_SHARE * before
                 }
+                // With a GC inside, the pace is too low if anything: a busy one still tells.
+                Some(rate) if secs >= JUDGED_S && rate >= QUIET_SHARE * before => p.quiet = false,
                 Some(_) => {}
                 None => p.quiet = true,
             }
