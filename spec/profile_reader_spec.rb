@@ -329,14 +329,17 @@ RSpec.describe DatadogHeap::Profile do
     end
 
     it "takes the limit from DATADOG_HEAP_MAX_PROFILE_BYTES" do
-      profile = crafted(100_000, sample: "\x12\x02\x10\x01".b, types: one_type)
-      expect(described_class.parse(profile).total_objects).to eq(100_000)
-      with_limit("1000000") do
+      # Fewer samples under GC_STRESS, where each of the Ruby objects a parse makes runs a GC (the
+      # 100,000 took six minutes there); the limit below is 10 bytes a sample either way.
+      n = RecorderHelpers::GC_STRESSED ? 10_000 : 100_000
+      profile = crafted(n, sample: "\x12\x02\x10\x01".b, types: one_type)
+      expect(described_class.parse(profile).total_objects).to eq(n)
+      with_limit((10 * n).to_s) do
         expect { described_class.parse(profile) }
-          .to raise_error(DatadogHeap::Error, /needs more memory than the limit of 1000000 bytes: its 100000 samples, /)
+          .to raise_error(DatadogHeap::Error, /needs more memory than the limit of #{10 * n} bytes: its #{n} samples, /)
       end
-      with_limit("60_000_000") { expect(described_class.parse(profile).samples.size).to eq(100_000) }
-      with_limit("") { expect(described_class.parse(profile).samples.size).to eq(100_000) }
+      with_limit("60_000_000") { expect(described_class.parse(profile).samples.size).to eq(n) }
+      with_limit("") { expect(described_class.parse(profile).samples.size).to eq(n) }
       with_limit("1GB") do
         expect { described_class.parse(profile) }.to raise_error(ArgumentError,
           "DATADOG_HEAP_MAX_PROFILE_BYTES must be a positive whole number of bytes, such as 4294967296, got \"1GB\"")
