@@ -121,7 +121,8 @@ impl Checkpoints {
     /// known yet, and the first tick may come after the program passed the start. Arming all
     /// the way to a far start would install the hook for up to a whole stratum, a cost a
     /// recorder started often (once a request, say) would pay each time.
-    pub fn restart(&self, now: u64, length: u64, share: f64, u: f64) {
+    /// Whether the first window opened at once (it starts at `now`).
+    pub fn restart(&self, now: u64, length: u64, share: f64, u: f64) -> bool {
         self.second.set(None);
         self.waking.set(0);
         self.plan_stratum(now, length, share, u);
@@ -129,7 +130,10 @@ impl Checkpoints {
         self.left.set(0);
         let ahead = self.start.get().saturating_sub(now);
         match ahead {
-            0 => self.open(now),
+            0 => {
+                self.open(now);
+                return true;
+            }
             a if a <= length => {
                 self.phase.set(Phase::Armed);
                 self.left.set(a);
@@ -139,6 +143,7 @@ impl Checkpoints {
                 self.wake(now, WAKE_AFTER, 1);
             }
         }
+        false
     }
 
     /// Lays out the stratum that begins at `from`: its end, and its window at offset `u` of it

@@ -197,7 +197,10 @@ impl SamplerState {
         self.draw_interval(effective.countdown_mean());
         if let Mode::Windowed { .. } = config.mode {
             let (share, length) = effective.window_shape();
-            self.checkpoints.restart(now, length, share, self.uniform());
+            let opened = self.checkpoints.restart(now, length, share, self.uniform());
+            if let Ok(mut stats) = self.stats.try_borrow_mut() {
+                stats.windows_opened += opened as u64;
+            }
         }
     }
 

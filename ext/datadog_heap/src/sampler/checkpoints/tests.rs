@@ -123,6 +123,16 @@ fn the_hook_asks_for_the_job_at_each_boundary_once() {
 }
 
 #[test]
+fn a_first_window_at_the_start_opens_at_once_and_says_so() {
+    let cp = Checkpoints::default();
+    assert!(cp.restart(1_000, 64, 0.25, 0.0));
+    assert_eq!(cp.phase(), Phase::Open);
+    // Further off: armed or waking, not opened.
+    assert!(!cp.restart(1_000, 64, 0.25, 0.5));
+    assert_eq!(cp.phase(), Phase::Armed);
+}
+
+#[test]
 fn a_wake_up_asks_for_the_job_after_its_allocations_and_a_tick_before_it_leaves_it_armed() {
     let cp = Checkpoints::default();
     cp.plan_stratum(0, 64, 0.25, 150.0 / 256.0);
