@@ -53,8 +53,11 @@ module DatadogHeap
           return EXIT_ERROR
         end
         app_root = grouping(options)[:app_root]
-        rows = holders(profile, profile.top(options[:top], by: options[:by], app_root: app_root), options)
-        @out.puts(profile_summary(profile, profile.top(2**62 - 1, by: options[:by], app_root: app_root).size))
+        # The report's order: measured sites first, rough ones (under 5 samples) after them, so
+        # one large object sampled once does not come before a leak of thousands.
+        sites = measured_first(profile.top(2**62 - 1, by: options[:by], app_root: app_root))
+        rows = holders(profile, sites.first(options[:top]), options)
+        @out.puts(profile_summary(profile, sites.size))
         @out.puts
         whose = (rows.size == 1) ? "top site's" : "top #{rows.size} sites'"
         @out.puts("What keeps the #{whose} sampled objects alive (paths grouped by shape: " \
