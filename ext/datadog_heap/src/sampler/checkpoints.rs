@@ -121,7 +121,8 @@ impl Checkpoints {
     /// known yet, and the first tick may come after the program passed the start. Arming all
     /// the way to a far start would install the hook for up to a whole stratum, a cost a
     /// recorder started often (once a request, say) would pay each time.
-    /// Whether the first window opened at once (it starts at `now`).
+    ///
+    /// Returns whether the first window opened at once (it starts at `now`).
     pub fn restart(&self, now: u64, length: u64, share: f64, u: f64) -> bool {
         self.second.set(None);
         self.waking.set(0);
@@ -189,7 +190,8 @@ impl Checkpoints {
     /// While idle, arms the hook to ask for the window job after `after` allocations (or at the
     /// window's start if that comes first), so a burst of allocations wakes the sampler however
     /// late the timer's next tick comes. `stage` tells the wake-up's check which one it was.
-    /// Whether the hook was armed.
+    ///
+    /// Returns whether the hook was armed (only from idle, before the start).
     pub fn wake(&self, now: u64, after: u64, stage: u8) -> bool {
         let ahead = self.start.get().saturating_sub(now);
         if self.phase.get() != Phase::Idle || ahead == 0 {
