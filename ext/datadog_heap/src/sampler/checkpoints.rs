@@ -49,6 +49,9 @@ pub(super) enum Phase {
     Idle,
     /// The hook counts down to `start`, sampling nothing.
     Armed,
+    /// The hook counts down to a wake-up before `start` (see [`Checkpoints::wake`]), sampling
+    /// nothing: which of the two it is.
+    Waking(u8),
     /// Inside the window: the hook samples, and counts down to `end`.
     Open,
 }
@@ -90,9 +93,6 @@ pub(super) struct Checkpoints {
     scale: Cell<f64>,
     /// The number of the window open now (see [`WINDOW_SERIAL`]).
     serial: Cell<u64>,
-    /// Armed to wake the sampler before the start (see [`Checkpoints::wake`]): the wake-up's
-    /// stage; 0 when armed to the start itself.
-    waking: Cell<u8>,
 }
 
 /// The last window opened in this process, by any session: each window's samples share its
@@ -125,7 +125,6 @@ impl Checkpoints {
     /// Returns whether the first window opened at once (it starts at `now`).
     pub fn restart(&self, now: u64, length: u64, share: f64, u: f64) -> bool {
         self.second.set(None);
-        self.waking.set(0);
         self.plan_stratum(now, length, share, u);
         self.mark.set(now);
         self.left.set(0);
@@ -197,11 +196,12 @@ impl Checkpoints {
         if self.phase.get() != Phase::Idle || ahead == 0 {
             return false;
         }
-        self.phase.set(Phase::Armed);
+        self.phase.set(match after < ahead {
+            true => Phase::Waking(stage.max(1)),
+            false => Phase::Armed,
+        });
         self.mark.set(now);
         self.left.set(after.clamp(1, ahead));
-        self.waking
-            .set(if after < ahead { stage.max(1) } else { 0 });
         true
     }
 
@@ -237,7 +237,7 @@ impl Checkpoints {
                     out.closed = Some(now.saturating_sub(self.mark.get()));
                     self.next_window(length, share, draw());
                 }
-                Phase::Armed if self.waking.get() != 0 => {
+                Phase::Waking(stage) => {
                     // Armed to wake. A tick before the wake-up leaves it armed unless the start
                     // is near enough to arm for (a tick that finds the program busy does not
                     // arm another, and its hurried successor may find the program asleep); the
@@ -248,9 +248,8 @@ impl Checkpoints {
                     }
                     out.armed += now.saturating_sub(self.mark.get());
                     if fired {
-                        out.woke = self.waking.get();
+                        out.woke = stage;
                     }
-                    self.waking.set(0);
                     self.phase.set(Phase::Idle);
                 }
                 Phase::Armed => {
@@ -330,12 +329,11 @@ impl Checkpoints {
         let since = now.saturating_sub(self.mark.get());
         let seen = match self.phase.get() {
             Phase::Open => (since, 0),
-            Phase::Armed => (0, since),
+            Phase::Armed | Phase::Waking(_) => (0, since),
             Phase::Idle => (0, 0),
         };
         self.phase.set(Phase::Idle);
         self.left.set(0);
-        self.waking.set(0);
         seen
     }
 }

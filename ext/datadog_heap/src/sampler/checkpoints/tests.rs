@@ -138,13 +138,13 @@ fn a_wake_up_asks_for_the_job_after_its_allocations_and_a_tick_before_it_leaves_
     cp.plan_stratum(0, 64, 0.25, 150.0 / 256.0);
     assert_eq!((cp.start.get(), cp.end.get()), (150, 214));
     assert!(cp.wake(10, 50, 1));
-    assert_eq!(cp.phase(), Phase::Armed);
+    assert_eq!(cp.phase(), Phase::Waking(1));
     // A tick before the wake-up, the start still beyond its horizon: nothing changes.
     assert_eq!(
         cp.on_check(30, 64, 0.25, 16, true, || 0.5),
         CheckOutcome::default()
     );
-    assert_eq!(cp.phase(), Phase::Armed);
+    assert_eq!(cp.phase(), Phase::Waking(1));
     let asks: Vec<u64> = (10..70).filter(|_| cp.on_allocation().1).collect();
     assert_eq!(asks.len(), 1);
     let out = cp.on_check(70, 64, 0.25, 16, false, || 0.5);
@@ -154,15 +154,12 @@ fn a_wake_up_asks_for_the_job_after_its_allocations_and_a_tick_before_it_leaves_
     assert!(cp.wake(70, 50, 2));
     let out = cp.on_check(80, 64, 0.25, 150, true, || 0.5);
     assert_eq!((out.woke, out.armed), (0, 10));
-    assert_eq!(
-        (cp.phase(), cp.waking.get(), cp.left.get()),
-        (Phase::Armed, 0, 70)
-    );
+    assert_eq!((cp.phase(), cp.left.get()), (Phase::Armed, 70));
     // Asked to wake later than the start: armed for the start itself.
     let cp = Checkpoints::default();
     cp.plan_stratum(0, 64, 0.25, 150.0 / 256.0);
     assert!(cp.wake(140, 50, 1));
-    assert_eq!((cp.waking.get(), cp.left.get()), (0, 10));
+    assert_eq!((cp.phase(), cp.left.get()), (Phase::Armed, 10));
     assert!(!cp.wake(145, 50, 1), "only from idle");
 }
 
