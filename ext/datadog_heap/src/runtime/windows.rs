@@ -200,17 +200,26 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
             session.young_update_from_job(ruby);
         }
         let now = super::busy::program_allocations();
-        let (ahead, late, stage) =
+        let checked =
             (session.sampler).check(session.config, now, horizon, min_length, (asked, prompt));
-        came_late = came_late.max(late);
-        woke = woke.max(stage);
-        // The first wake-up after a quiet stretch: the program allocates again. Its pace over
-        // the stretch is mostly the quiet part's, so it is measured again over the next few
-        // hundred allocations (the tick is left unhurried meanwhile).
-        let ahead = match stage == 1 && session.sampler.wake(now, WAKE_AFTER, 2) {
-            true => None,
-            false => ahead,
-        };
+        came_late = came_late.max(checked.late);
+        woke = woke.max(checked.woke);
+        let mut ahead = checked.ahead;
+        if checked.woke == 1 {
+            // The first wake-up after a quiet stretch: the program allocates again. Its pace
+            // over the stretch is mostly the quiet part's, so it is measured again over the next
+            // few hundred allocations (the tick is left unhurried meanwhile).
+            if session.sampler.wake(now, WAKE_AFTER, 2) {
+                ahead = None;
+            }
+        } else if asked && quiet {
+            // A quiet tick of the timer's: a burst could pass several windows' starts before
+            // the next one, so the hook wakes the sampler once the program allocates again. At
+            // most one a tick (a wake-up never arms another of its stage), so it costs nothing
+            // in a program that stays quiet and a few hundred slow-path allocations in one that
+            // wakes up.
+            session.sampler.wake(now, WAKE_AFTER, 1);
+        }
         soonest = match (soonest, ahead) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -222,24 +231,12 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
         // Come back at most halfway to where the count should be half the horizon short of
         // the start: the rate may rise meanwhile, and each tick measures it again. Not while
         // the program is quiet (it waits on IO, say): ticks every few hundred µs would cost it
-        // more than the wake-up below. After a second wake-up the program is known to allocate
+        // more than the wake-up armed above. After a second wake-up the program is known to allocate
         // at `rate`.
         if rate > 0.0 && (!quiet || woke == 2) {
             let secs = 0.5 * ahead.saturating_sub(horizon / 2) as f64 / rate;
             let ns = (secs * 1e9).clamp(MIN_TICK_NS as f64, 1e9 / top);
             hurry(ns as u64);
-        }
-    }
-    // A quiet tick of the timer's: a burst could pass several windows' starts before the next
-    // one, so the hook wakes the sampler once the program allocates again. At most one a tick
-    // (a wake-up never arms another of its stage), so it costs nothing in a program that stays
-    // quiet and a few hundred slow-path allocations in one that wakes up.
-    if asked && quiet {
-        let now = super::busy::program_allocations();
-        for session in &running {
-            if !session.is_dropped() && session.is_running() {
-                session.sampler.wake(now, WAKE_AFTER, 1);
-            }
         }
     }
     if woke == 1 {

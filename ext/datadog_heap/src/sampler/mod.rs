@@ -159,6 +159,17 @@ impl SampleConfig {
     }
 }
 
+/// What a windowed check found (see [`SamplerState::check`]).
+pub struct Checked {
+    /// Allocations to the next window's start while no hook is needed (the timer should tick
+    /// again before then).
+    pub ahead: Option<u64>,
+    /// How late this tick came to a window's start (0 when it did not).
+    pub late: u64,
+    /// The stage of the wake-up that asked for this check (0: none, see `Checkpoints::wake`).
+    pub woke: u8,
+}
+
 /// What one allocation did to a session's sampler (see `SamplerState::tick`).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Tick {
@@ -231,10 +242,7 @@ impl SamplerState {
     /// shortest window to place next (long enough for the timer to arm it in time, see
     /// `runtime::windows`); `asked`: the timer asked for this job (else the hook did, at a
     /// boundary); `prompt`: it ran as soon as the timer asked (see `Checkpoints::on_check`).
-    /// Returns the allocations to the next window's start while no hook is needed (the timer
-    /// should tick again before then), how late this tick came to a window's start (0 when it
-    /// did not), and the stage of the wake-up that asked for this check (0: none, see
-    /// `Checkpoints::wake`). Needs the GVL; never from the hook.
+    /// Needs the GVL; never from the hook.
     pub fn check(
         &self,
         config: SampleConfig,
@@ -242,7 +250,7 @@ impl SamplerState {
         horizon: u64,
         min_length: u64,
         (asked, prompt): (bool, bool),
-    ) -> (Option<u64>, u64, u8) {
+    ) -> Checked {
         let (share, length) = self.effective(config).window_shape();
         let length = length.max(min_length);
         let mut rng = || self.uniform();
@@ -263,11 +271,11 @@ impl SamplerState {
             self.budget.charge_window(watched);
         }
         self.budget.charge_window(out.armed);
-        (
-            self.checkpoints.allocations_to_start(now),
-            out.late,
-            out.woke,
-        )
+        Checked {
+            ahead: self.checkpoints.allocations_to_start(now),
+            late: out.late,
+            woke: out.woke,
+        }
     }
 
     /// Windowed mode, while no window is near: arms the hook to ask for the window job after
