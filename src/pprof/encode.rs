@@ -330,9 +330,6 @@ fn build_profile(
     Ok((profile, objects))
 }
 
-/// What one live object of weight `w` and `size` bytes adds to the variance of its sample's object
-/// count, `w(w-1)`, and of its bytes, `w(w-1)·size²`: the Horvitz-Thompson variance of an object
-/// kept with probability 1/w. Saturates at `i64::MAX` (a standard deviation of 3 GiB or more).
 fn nanos(d: Duration) -> i64 {
     i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
 }

@@ -122,7 +122,6 @@ pub(super) fn cluster_variances(
 ) -> Vec<(usize, i64, i64)> {
     items.sort_unstable_by_key(|&(slot, cluster, ..)| (slot, cluster));
     let mut out: Vec<(usize, i64, i64)> = Vec::new();
-    let clamp = |v: u128| i64::try_from(v).unwrap_or(i64::MAX);
     let mut i = 0;
     while i < items.len() {
         let (slot, cluster, ..) = items[i];
@@ -149,11 +148,18 @@ pub(super) fn cluster_variances(
     out
 }
 
+/// What one live object of weight `w` and `size` bytes adds to the variance of its sample's object
+/// count, `w(w-1)`, and of its bytes, `w(w-1)·size²`: the Horvitz-Thompson variance of an object
+/// kept with probability 1/w. Saturates at `i64::MAX` (a standard deviation of 3 GiB or more).
 pub(super) fn variance_terms(weight: u64, size: usize) -> (i64, i64) {
     let w = u128::from(weight);
     let objects = w.saturating_mul(w.saturating_sub(1));
     let size = u128::try_from(size).unwrap_or(u128::MAX);
     let bytes = objects.saturating_mul(size).saturating_mul(size);
-    let clamp = |v: u128| i64::try_from(v).unwrap_or(i64::MAX);
     (clamp(objects), clamp(bytes))
+}
+
+/// A variance term as the profile stores it: `i64::MAX` where it does not fit.
+fn clamp(v: u128) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
 }
