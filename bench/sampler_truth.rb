@@ -76,12 +76,13 @@ module SamplerTruth
     out
   end
 
-  def ruby_cmd(*args, lib: File.expand_path("../lib", __dir__))
-    [RbConfig.ruby, "-I", lib, __FILE__, *args]
+  # `lib`: the gem's lib/ directory to load (this checkout's when nil).
+  def ruby_cmd(*args, lib: nil)
+    [RbConfig.ruby, "-I", lib || File.expand_path("../lib", __dir__), __FILE__, *args]
   end
 
   def spawn_json(*args, lib: nil)
-    out = IO.popen(lib ? ruby_cmd(*args, lib: lib) : ruby_cmd(*args), &:read)
+    out = IO.popen(ruby_cmd(*args, lib: lib), &:read)
     raise "run failed: #{args.join(" ")}" unless $?.success?
     JSON.parse(out)
   end
