@@ -19,6 +19,9 @@
 # threads) over requests served, per phase, from the phases that fall wholly inside the timed wrk
 # run. Overhead = the median over phases of (on phase / mean of the off phases beside it) - 1,
 # and the pooled ratio (all on CPU / on requests over all off CPU / off requests) - 1.
+# Split of the pooled overhead: the gem's own threads' share of the "on" phases' CPU (its window
+# timers), and the pooled overhead of the program's threads alone (each phase's CPU less the
+# gem's threads'), where the window jobs, samples and slow-path allocations run.
 #
 # Run: rake bench:service_toggle (or ruby -Ilib bench/service_toggle.rb; BENCH_SMOKE=1 for a quick run).
 # Needs puma, ruby-sinatra and wrk (bin/setup --dev installs them).
@@ -92,12 +95,20 @@ def paired(phases)
   end
 end
 
-def pooled(phases)
+# `minus_own`: the program's threads only (each phase's CPU less the gem's own threads', see
+# bench/service/toggle.rb).
+def pooled(phases, minus_own: false)
   on, off = %w[on off].map do |state|
     ps = phases.select { |p| p[:state] == state }
-    ps.sum { |p| p[:cpu] } / ps.sum { |p| p[:requests] }
+    ps.sum { |p| p[:cpu] - (minus_own ? p[:own].to_f : 0) } / ps.sum { |p| p[:requests] }
   end
   on / off
+end
+
+# The gem's own threads' CPU over all CPU in the "on" phases.
+def own_share(phases)
+  on = phases.select { |p| p[:state] == "on" }
+  on.sum { |p| p[:own].to_f } / [on.sum { |p| p[:cpu] }, 1e-9].max
 end
 
 Bench.header("bench/service_toggle.rb: worker CPU per request, recorder on vs off inside each worker",
@@ -117,6 +128,8 @@ rows = VARIANTS.keys.map do |label|
   [label, ratios.size.to_s, Bench.percent(Bench.median(ratios) - 1),
     format("%s..%s", Bench.percent(ratios.min - 1), Bench.percent(ratios.max - 1)),
     Bench.percent(pooled(phases) - 1),
+    Bench.percent(own_share(phases)),
+    Bench.percent(pooled(phases, minus_own: true) - 1),
     format("%.0f µs", 1e6 * on.sum { |p| p[:cpu] } / [on.sum { |p| p[:requests] }, 1].max),
     stats.map { |s| s[:sampler_effective_sample_every] }.minmax.uniq.join(".."),
     stats.map { |s| Bench.percent(s[:sampler_last_overhead].to_f) }.join(" / "),
@@ -126,5 +139,6 @@ rows = VARIANTS.keys.map do |label|
     stats.map { |s| s[:sampler_window_ticks].to_i.zero? ? "-" : Bench.percent((s[:sampler_window_allocations] + s[:sampler_window_armed_allocations]).fdiv([s[:sampler_allocations_seen], 1].max)) }.join(" / "),
     stats.map { |s| "#{s[:sampler_window_ticks]} #{s[:signals].inspect}" }.join(" / ")]
 end
-Bench.table(["variant", "on phases", "overhead (median)", "range", "overhead (pooled)", "CPU/request (on)", "interval at exit",
+Bench.table(["variant", "on phases", "overhead (median)", "range", "overhead (pooled)", "gem's threads (share of on CPU)",
+  "program's threads (pooled)", "CPU/request (on)", "interval at exit",
   "budget's own share (last period)", "records at exit", "hook installed (windowed)", "ticks, signals"], rows)

@@ -26,9 +26,12 @@ module DatadogHeap
   # The window timer of the windowed sampler where the native one is not used (Ruby 3.3.0 with M:N
   # threads, no free real-time signal before 3.3, or DATADOG_HEAP_WINDOW_TIMER=ruby; see
   # ext/datadog_heap/src/runtime/windows.rs): a Ruby thread that sleeps a random time (uniform
-  # between 0.5 and 1.5 times 1 / rate, as the native timer), then runs one tick, until no windowed recorder runs. Next to a CPU-bound thread it
-  # gets the GVL back only every 100 ms. Started, retuned and stopped by the extension; one per
-  # process.
+  # between 0.5 and 1.5 times 1 / rate, as the native timer), then runs one tick, until no
+  # windowed recorder runs. Next to a CPU-bound thread it gets the GVL back only every 100 ms.
+  # Before Ruby 3.3 it also runs beside the native timer, whose signals reach only a thread that
+  # holds the GVL: there it waits, without the GVL, for the ticks the native timer could not
+  # deliver (every thread waiting on IO), and sleeps on its own never. Started, retuned and
+  # stopped by the extension; one per process.
   module WindowTimer
     @thread = nil
     @rate = nil
@@ -73,8 +76,10 @@ module DatadogHeap
       def run(generation)
         random = Random.new
         while @generation == generation && (rate = @rate)
-          sleep((0.5 + random.rand) / rate)
+          handed = DatadogHeap._native_window_timer_wait
+          sleep((0.5 + random.rand) / rate) if handed.nil?
           break unless @generation == generation
+          next if handed == false # woken without a tick (stop, or a second passed)
 
           next_rate = DatadogHeap._native_window_tick
           @rate = next_rate if @generation == generation

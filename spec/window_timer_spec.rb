@@ -308,3 +308,39 @@ RSpec.describe "exec" do
     rec&.stop
   end
 end
+
+# Before Ruby 3.3 the native timer reaches the VM by a signal to the thread that holds the GVL;
+# a tick that finds no such thread (all wait on IO, locks, sleeps) goes to the Ruby timer thread,
+# which waits for it without the GVL. It must take those ticks, and only those: in a busy
+# program it ticking on its own pace beside the signals cost a hundred GVL hand-overs a second.
+RSpec.describe "the Ruby timer thread beside the native timer (before Ruby 3.3)" do
+  it "ticks when every thread waits, and stays asleep while a thread holds the GVL" do
+    skip "from Ruby 3.3 the native timer needs no Ruby thread" if Gem::Version.new(RUBY_VERSION) >= Gem::Version.new("3.3")
+    script = <<~'RUBY'
+      rec = DatadogHeap::Recorder.new(sampler: :windowed, windows_per_second: 200, max_overhead: nil)
+      rec.start
+      now = -> { Process.clock_gettime(Process::CLOCK_MONOTONIC) }
+      handed = -> { DatadogHeap::Testing._native_window_signals[2] }
+      ticks = -> { rec.stats[:sampler_window_ticks] }
+      sleep 0.05
+      h0, t0 = handed.(), ticks.()
+      deadline = now.() + 0.5
+      x = Object.new while now.() < deadline # holds the GVL throughout
+      busy = [handed.() - h0, ticks.() - t0]
+      h1, t1 = handed.(), ticks.()
+      sleep 0.5
+      idle = [handed.() - h1, ticks.() - t1]
+      rec.stop
+      print Marshal.dump([DatadogHeap._native_native_window_timer, busy, idle])
+    RUBY
+    out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-rdatadog_heap", "-e", script)
+    expect(status).to be_success, err
+    native, (busy_handed, busy_ticks), (idle_handed, idle_ticks) = Marshal.load(out) # rubocop:disable Security/MarshalLoad
+    skip "the native timer is not used on this machine" unless native
+    # 200 ticks a second asked: about 100 in each half second.
+    expect(busy_ticks).to be > 30, "the signals delivered #{busy_ticks} ticks to the busy thread"
+    expect(busy_handed).to be <= 3
+    expect(idle_handed).to be > 30
+    expect(idle_ticks).to be >= idle_handed
+  end
+end

@@ -63,6 +63,14 @@ fn window_tick(ruby: &Ruby) -> Result<Option<f64>, Error> {
     runtime::guarded(ruby, || Ok(runtime::window_tick(ruby)))
 }
 
+/// The Ruby timer thread's wait beside the native timer (see `runtime::windows`): true when
+/// the native timer handed it a tick, false when the wait ended without one, nil when no native
+/// timer runs. Releases the GVL while waiting, not marked busy then: other threads' allocations
+/// meanwhile are the program's.
+fn window_timer_wait(ruby: &Ruby) -> Result<Option<bool>, Error> {
+    runtime::guarded(ruby, || runtime::not_busy(runtime::window_timer_wait))
+}
+
 /// Extension entry point (`Init_datadog_heap`). Runs under the GVL; may allocate and raise.
 #[magnus::init]
 fn init(ruby: &Ruby) -> Result<(), Error> {
@@ -84,6 +92,9 @@ fn init(ruby: &Ruby) -> Result<(), Error> {
         function!(runtime::stop_for_ractors, 0),
     )?;
     module.define_singleton_method("_native_window_tick", function!(window_tick, 0))?;
+    // The Ruby timer thread's wait for the ticks the native timer could not deliver (before 3.3;
+    // nil where no native timer runs).
+    module.define_singleton_method("_native_window_timer_wait", function!(window_timer_wait, 0))?;
     // Around `exec` (lib/datadog_heap.rb's ExecGuard): no timer signal may outlive the program.
     module.define_singleton_method("_native_before_exec", function!(runtime::before_exec, 0))?;
     module.define_singleton_method(

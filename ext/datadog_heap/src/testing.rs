@@ -114,7 +114,8 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
     // [NEWOBJ hook installed, GC-end hook installed, window timer rate or nil].
     testing.define_singleton_method("_native_hooks", function!(runtime::hook_state, 0))?;
     // Before Ruby 3.3: [timer signals that asked for the window job, signals that landed in a
-    // thread without the GVL]; nil from 3.3 on.
+    // thread without the GVL, ticks handed to the Ruby timer thread as no thread held the GVL];
+    // nil from 3.3 on.
     testing.define_singleton_method(
         "_native_window_signals",
         function!(runtime::window_signal_counts, 0),

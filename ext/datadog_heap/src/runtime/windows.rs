@@ -10,11 +10,12 @@
 //! - Ruby < 3.3: `rb_postponed_job_register_one` reads the caller's execution context, which a
 //!   non-Ruby thread does not have (vm_trace.c of 3.1 and 3.2 dereferences it), and flags that
 //!   context only, so the job runs when that thread next holds the GVL. The timer thread therefore
-//!   sends a real-time signal (`shims::signal`) to the Ruby thread last seen running (the one
-//!   that ran the previous tick or commit job), whose handler registers the job; if that thread
-//!   did not run the previous request (it blocked meanwhile), the next signal goes to every
-//!   thread seen recently and the main thread. A Ruby thread that sleeps would reach only about
-//!   10 ticks a second next to a CPU-bound thread, which gives up the GVL every 100 ms.
+//!   sends a real-time signal (`shims::signal`) to the Ruby thread that holds the GVL, whose
+//!   handler registers the job (`signalled`). When no thread holds it (all wait on IO, locks or
+//!   sleeps), the tick goes to a Ruby thread that waits for such ticks without the GVL
+//!   (`DatadogHeap::WindowTimer`, `native::wait_for_call`) and gets the GVL at once then. A Ruby
+//!   thread that kept the time itself would reach only about 10 ticks a second next to a
+//!   CPU-bound thread, which gives up the GVL every 100 ms.
 //! - A Ruby thread (`DatadogHeap::WindowTimer` in lib/datadog_heap.rb) does the sleeping instead
 //!   on Ruby 3.3.0 with M:N threads (see `use_ruby_thread`), when no real-time signal is free,
 //!   and with `DATADOG_HEAP_WINDOW_TIMER=ruby`.
@@ -95,10 +96,19 @@ fn timer_request() -> (bool, bool) {
     )
 }
 
-/// The Ruby timer thread's tick (`DatadogHeap::WindowTimer`): one the timer asked for.
+/// The Ruby timer thread's tick (`DatadogHeap::WindowTimer`): one a timer asked for, the native
+/// one (which noted when it asked, see [`wait_for_timer_call`]) or the Ruby thread's own.
 pub fn tick_from_ruby_timer(ruby: &Ruby) -> Option<f64> {
-    ASKED_AT_NS.store(shims::clock_ns(shims::Clock::Monotonic), Ordering::Relaxed);
+    let now = shims::clock_ns(shims::Clock::Monotonic);
+    let _ = ASKED_AT_NS.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
     tick(ruby)
+}
+
+/// Before 3.3, where the Ruby timer thread runs beside the native timer: waits, without the
+/// GVL, for a tick the native timer could not deliver (see `native::wait_for_call`); `None`
+/// when no native timer runs and the Ruby thread keeps its own time.
+pub fn wait_for_timer_call() -> Result<Option<bool>, magnus::Error> {
+    native::wait_for_call()
 }
 
 /// The program's allocation rate as the ticks see it (for arming windows in time).
@@ -317,9 +327,8 @@ pub fn set_rate(rate: Option<f64>) {
         native::set_rate(rate);
         // Before 3.3 the native timer reaches the VM only through a thread that holds the GVL
         // (see `signalled`): in a program that mostly sleeps or waits on IO that is rarely so
-        // when it ticks, and windows would be few. The Ruby timer thread ticks beside it, and it
-        // gets the GVL as soon as it wakes in such a program (next to a busy thread, every 100 ms
-        // or so: the signal serves that case).
+        // when it ticks, and windows would be few. The Ruby timer thread waits beside it for the
+        // ticks no signal could deliver, and gets the GVL at once in such a program.
         #[cfg(not(ruby_gte_3_3))]
         ruby_thread::set_rate(rate);
         return;
@@ -392,10 +401,14 @@ pub fn signal_number() -> Option<i32> {
 }
 
 /// Before 3.3: (timer signals that asked for the window job, signals that landed in a thread
-/// without the GVL and asked for nothing); `None` from 3.3 on, where no signal is sent.
-pub fn signal_counts() -> Option<(u64, u64)> {
+/// without the GVL and asked for nothing, ticks handed to the Ruby timer thread because no
+/// thread held the GVL); `None` from 3.3 on, where no signal is sent.
+pub fn signal_counts() -> Option<(u64, u64, u64)> {
     #[cfg(not(ruby_gte_3_3))]
-    return Some(signalled::counts());
+    return Some({
+        let (registered, not_owner) = signalled::counts();
+        (registered, not_owner, native::handed())
+    });
     #[cfg(ruby_gte_3_3)]
     None
 }

@@ -9,6 +9,19 @@ struct Shared {
     /// The rate to tick at; `None` asks the thread to end.
     rate: Mutex<Option<f64>>,
     wake: Condvar,
+    /// Before 3.3, the calls to the Ruby timer thread (see [`wait_for_call`]).
+    call: Mutex<Call>,
+    called: Condvar,
+}
+
+/// What the Ruby timer thread is woken for.
+#[derive(Default)]
+struct Call {
+    /// A tick the timer could not deliver (no thread held the GVL).
+    tick: bool,
+    /// The VM interrupted the wait (`Thread#wakeup` from `WindowTimer.stop`, `Thread#kill`,
+    /// exit).
+    interrupted: bool,
 }
 
 struct Timer {
@@ -17,6 +30,15 @@ struct Timer {
 }
 
 static TIMER: GvlCell<Option<Timer>> = GvlCell::new(None);
+
+/// Ticks the Ruby timer thread took from [`wait_for_call`] (before 3.3).
+static HANDED: AtomicU64 = AtomicU64::new(0);
+
+/// Ticks handed to the Ruby timer thread so far (see [`wait_for_call`]).
+#[cfg_attr(ruby_gte_3_3, allow(dead_code))]
+pub fn handed() -> u64 {
+    HANDED.load(Ordering::Relaxed)
+}
 
 /// A sooner tick asked for by the last tick (nanoseconds from when the timer reads it; 0:
 /// none), see `hurry`.
@@ -28,28 +50,16 @@ fn run(shared: Arc<Shared>) {
     let Ok(mut rate) = shared.rate.lock() else {
         return;
     };
-    // Tries left for a hurried tick that found no thread holding the GVL (before 3.3).
-    let mut retries = 0u32;
     while let Some(r) = *rate {
         let usual = super::next_delay_ns(r);
-        let sooner = SOONER_NS.swap(0, Ordering::Relaxed);
-        let delay = match (sooner, retries) {
-            (0, 0) => usual,
-            (0, _) => RETRY_NS.min(usual),
-            (sooner, _) => sooner.min(usual),
+        let delay = match SOONER_NS.swap(0, Ordering::Relaxed) {
+            0 => usual,
+            sooner => sooner.min(usual),
         };
-        if sooner != 0 {
-            retries = MAX_RETRIES;
-        }
-        let delay = Duration::from_nanos(delay);
-        rate = match shared.wake.wait_timeout(rate, delay) {
+        rate = match shared.wake.wait_timeout(rate, Duration::from_nanos(delay)) {
             Ok((guard, timeout)) => {
-                if timeout.timed_out() && guard.is_some() {
-                    let reached = super::request_tick();
-                    retries = match reached {
-                        true => 0,
-                        false => retries.saturating_sub(1),
-                    };
+                if timeout.timed_out() && guard.is_some() && !super::request_tick() {
+                    shared.call_ruby_thread();
                 }
                 guard
             }
@@ -58,13 +68,59 @@ fn run(shared: Arc<Shared>) {
     }
 }
 
-/// A hurried tick (a window's start is near) that found every Ruby thread waiting (before 3.3
-/// no signal can reach the VM then) is tried again every `RETRY_NS`, up to `MAX_RETRIES` times:
-/// a server's threads wait on their sockets between bursts, and the tick the first burst
-/// needed came at the timer's usual pace, often after it. Usual ticks are not retried, so an
-/// idle program's timer wakes no more often than asked.
-const RETRY_NS: u64 = 100_000;
-const MAX_RETRIES: u32 = 50;
+impl Shared {
+    /// Before 3.3: a tick no signal could deliver (every Ruby thread waits on IO, a lock or a
+    /// sleep, so none holds the GVL) goes to the Ruby timer thread, which waits for it without
+    /// the GVL and gets the GVL at once in such a program.
+    fn call_ruby_thread(&self) {
+        if let Ok(mut call) = self.call.lock() {
+            call.tick = true;
+            self.called.notify_all();
+        }
+    }
+}
+
+/// Before 3.3, the Ruby timer thread's wait beside the native timer: `None` when no native
+/// timer runs (the Ruby thread keeps its own time then), else whether a tick was handed over;
+/// `Some(false)` when the wait ended without one (the VM interrupted it, or a second passed).
+/// GVL held on entry and on return, released while waiting.
+///
+/// Until 2026-12-06 the Ruby thread slept and ticked at the timer's rate beside it: in a busy
+/// server that is a hundred GVL hand-overs a second for ticks the signals already delivered
+/// (0.5% of a Rails worker's CPU on that thread alone, and as much again in context switches).
+/// Now it wakes only for the ticks that no signal could deliver.
+pub fn wait_for_call() -> Result<Option<bool>, magnus::Error> {
+    use crate::shims::{without_gvl, IfRefused};
+    let shared = with(|timer| timer.as_ref().map(|t| t.shared.clone()));
+    let Some(shared) = shared else {
+        return Ok(None);
+    };
+    let wait = |_| {
+        let Ok(mut call) = shared.call.lock() else {
+            return false;
+        };
+        if !call.tick && !call.interrupted {
+            call = match shared.called.wait_timeout(call, Duration::from_secs(1)) {
+                Ok((call, _)) => call,
+                Err(_) => return false,
+            };
+        }
+        let ticked = call.tick;
+        *call = Call::default();
+        ticked
+    };
+    let interrupt = || {
+        if let Ok(mut call) = shared.call.lock() {
+            call.interrupted = true;
+            shared.called.notify_all();
+        }
+    };
+    let handed = without_gvl(wait, Some(&interrupt), IfRefused::Skip)?.unwrap_or(false);
+    if handed {
+        HANDED.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(Some(handed))
+}
 
 /// Starts the timer at `rate`, changes its rate, or (`None`) stops it and joins its thread.
 pub fn set_rate(rate: Option<f64>) {
@@ -80,6 +136,8 @@ pub fn set_rate(rate: Option<f64>) {
             let shared = Arc::new(Shared {
                 rate: Mutex::new(rate),
                 wake: Condvar::new(),
+                call: Mutex::new(Call::default()),
+                called: Condvar::new(),
             });
             let for_thread = shared.clone();
             let spawned = std::thread::Builder::new()
