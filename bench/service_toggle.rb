@@ -36,13 +36,14 @@ PHASE = Bench.pick(2.0, 1.0)
 WARMUP_REQUESTS = Bench.pick(10_000, 1_000)
 ALL_VARIANTS = {"recorder on/off (defaults)" => "on", "countdown recorder on/off" => "countdown", "empty NEWOBJ hook on/off (VM floor)" => "hook",
                 "A/A (both off)" => "off", "countdown at exactly 1024, no budget" => "fixed",
-                "windowed at TOGGLE_SAMPLE_EVERY (1024), default budget" => "dense"}.freeze
+                "windowed at TOGGLE_SAMPLE_EVERY (1024), default budget" => "dense",
+                "recorder on/off, timer at TOGGLE_WINDOWS_PER_SECOND (25)" => "timer"}.freeze
 # TOGGLE_VARIANTS=on,off (modes, comma-separated) runs those rows only; by default every row but
-# "fixed", which is for comparing two builds (TOGGLE_COMPARE_LIB below), and "dense".
+# "fixed", which is for comparing two builds (TOGGLE_COMPARE_LIB below), "dense" and "timer".
 SELECTED = if ENV["TOGGLE_VARIANTS"]
   ALL_VARIANTS.select { |_, m| ENV["TOGGLE_VARIANTS"].split(",").include?(m) }
 else
-  ALL_VARIANTS.reject { |_, m| %w[fixed dense].include?(m) }
+  ALL_VARIANTS.reject { |_, m| %w[fixed dense timer].include?(m) }
 end
 # SERVICE_APPS=sinatra,rails (the default): each row on the sinatra service and on the Rails app
 # of examples/rails_leak (its leak off). BENCH_SMOKE runs the sinatra one only (CI's time; the

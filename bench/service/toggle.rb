@@ -11,7 +11,9 @@
 # TOGGLE_MODE=windowed / countdown switches a recorder with that sampler (its other options
 # default); TOGGLE_MODE=fixed a countdown recorder at exactly TOGGLE_SAMPLE_EVERY (default 1024),
 # no budget, so that two builds of the gem take the same samples; TOGGLE_MODE=dense the windowed
-# sampler at TOGGLE_SAMPLE_EVERY under the default budget (a denser default, tried).
+# sampler at TOGGLE_SAMPLE_EVERY under the default budget (a denser default, tried);
+# TOGGLE_MODE=timer the defaults but a window timer of TOGGLE_WINDOWS_PER_SECOND (default 25)
+# ticks a second (what the timer's ticks cost).
 require "datadog_heap"
 require "json"
 
@@ -21,6 +23,8 @@ module ServiceToggle
   MODE = ENV.fetch("TOGGLE_MODE", "on")
   # The interval of the "fixed" and "dense" modes.
   SAMPLE_EVERY = Integer(ENV.fetch("TOGGLE_SAMPLE_EVERY", "1024"))
+  # The window timer's rate of the "timer" mode.
+  WINDOWS_PER_SECOND = Float(ENV.fetch("TOGGLE_WINDOWS_PER_SECOND", "25"))
 
   # Linux's USER_HZ, in which /proc reports a thread's CPU time.
   CLOCK_TICKS = 100
@@ -58,7 +62,7 @@ module ServiceToggle
 
     def switch(rec, on)
       case MODE
-      when "on", "windowed", "countdown", "fixed", "dense" then on ? rec.start : rec.stop
+      when "on", "windowed", "countdown", "fixed", "dense", "timer" then on ? rec.start : rec.stop
       when "hook" then DatadogHeap::Testing._native_empty_hook(on)
       end
     end
@@ -71,6 +75,7 @@ module ServiceToggle
       when "fixed" then DatadogHeap::Recorder.new(sampler: :countdown, sample_every: SAMPLE_EVERY, max_overhead: nil)
       when "dense"
         DatadogHeap::Recorder.new(sample_every: SAMPLE_EVERY, max_overhead: DatadogHeap::Recorder::DEFAULTS.fetch(:max_overhead))
+      when "timer" then DatadogHeap::Recorder.new(windows_per_second: WINDOWS_PER_SECOND)
       else DatadogHeap::Recorder.new
       end
       phases = []
