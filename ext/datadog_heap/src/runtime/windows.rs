@@ -67,10 +67,6 @@ const MAX_WINDOW: u64 = 1 << 22;
 const PROMPT_NS: u64 = 200_000;
 /// The soonest the timer ticks again when a window's start is near.
 const MIN_TICK_NS: u64 = 200_000;
-/// The longest a busy program's ticks are put off when its next window is far, in periods of the
-/// timer: four, so at the default 100 ticks a second at least 25 a second still measure the pace;
-/// and never past half [`STALE_S`] (a stretch that long tells nothing of the pace).
-const DEFER_PERIODS: f64 = 4.0;
 /// The program is quiet when it allocated over the last stretch that can tell (at least
 /// [`JUDGED_S`] long, as a window's boundary job right after a tick is not, and without a GC,
 /// whose pause would pass for a quiet program; one with a GC still tells a busy program) at
@@ -241,7 +237,6 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
         std::hint::black_box(&map);
     }
     with_pace(|p| p.late = (came_late as f64).max(p.late * 0.9));
-    let mut next = Next::Usual;
     if let (Some(ahead), Some(top)) = (soonest, timer_rate) {
         // Come back at most halfway to where the count should be half the horizon short of
         // the start: the rate may rise meanwhile, and each tick measures it again. Not while
@@ -250,21 +245,10 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
         // at `rate`.
         if rate > 0.0 && (!quiet || woke == 2) {
             let secs = 0.5 * ahead.saturating_sub(horizon / 2) as f64 / rate;
-            let period = 1e9 / top;
-            let ns = secs * 1e9;
-            next = match ns < period {
-                true => Next::Sooner(ns.max(MIN_TICK_NS as f64) as u64),
-                // A busy program whose next start is further off than the timer's period: the
-                // usual ticks till then would find nothing to do, and each costs the program a
-                // signal (before 3.3) and an interrupt.
-                false if woke == 0 => {
-                    Next::Later(ns.min(DEFER_PERIODS * period).min(0.5e9 * STALE_S) as u64)
-                }
-                false => Next::Usual,
-            };
+            let ns = (secs * 1e9).clamp(MIN_TICK_NS as f64, 1e9 / top);
+            hurry(ns as u64);
         }
     }
-    schedule(next);
     if woke == 1 {
         // The second wake-up measures the pace from here, after this job's own work.
         let now = super::busy::program_allocations();
@@ -276,27 +260,11 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
     self::timer_rate(after.iter().map(|s| &**s))
 }
 
-/// When the timer should tick next, as a tick sees it.
-enum Next {
-    /// At its usual pace.
-    Usual,
-    /// Within this many nanoseconds: a window's start is near.
-    Sooner(u64),
-    /// No sooner than this many nanoseconds: the program is busy and its next window's start
-    /// further off than the timer's period.
-    Later(u64),
-}
-
-/// Tells the native timer when to tick next (see [`Next`]). The Ruby timer thread keeps its own
-/// pace.
-fn schedule(next: Next) {
-    if !native(false) {
-        return;
-    }
-    match next {
-        Next::Usual => native::undefer(),
-        Next::Sooner(ns) => native::hurry(ns),
-        Next::Later(ns) => native::defer(ns),
+/// Asks the native timer to tick again within `ns` nanoseconds (a window's start is near). The
+/// Ruby timer thread keeps its own pace.
+fn hurry(ns: u64) {
+    if native(false) {
+        native::hurry(ns);
     }
 }
 

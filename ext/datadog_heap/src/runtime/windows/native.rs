@@ -3,7 +3,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::shims::{clock_ns, Clock, GvlCell};
+use crate::shims::GvlCell;
 
 struct Shared {
     /// The rate to tick at; `None` asks the thread to end.
@@ -44,9 +44,6 @@ pub fn handed() -> u64 {
 /// none), see `hurry`.
 static SOONER_NS: AtomicU64 = AtomicU64::new(0);
 
-/// No tick is asked for before this monotonic time (ns; 0: none), see `defer`.
-static NOT_BEFORE_NS: AtomicU64 = AtomicU64::new(0);
-
 crate::gvl_guarded!(fn with over TIMER: Option<Timer>);
 
 fn run(shared: Arc<Shared>) {
@@ -54,19 +51,14 @@ fn run(shared: Arc<Shared>) {
         return;
     };
     while let Some(r) = *rate {
-        let deferred = deferred_ns(clock_ns(Clock::Monotonic));
-        let usual = match deferred {
-            0 => super::next_delay_ns(r),
-            ns => ns,
-        };
+        let usual = super::next_delay_ns(r);
         let delay = match SOONER_NS.swap(0, Ordering::Relaxed) {
             0 => usual,
             sooner => sooner.min(usual),
         };
         rate = match shared.wake.wait_timeout(rate, Duration::from_nanos(delay)) {
             Ok((guard, timeout)) => {
-                let due = deferred_ns(clock_ns(Clock::Monotonic)) == 0;
-                if timeout.timed_out() && guard.is_some() && due && !super::request_tick() {
+                if timeout.timed_out() && guard.is_some() && !super::request_tick() {
                     shared.call_ruby_thread();
                 }
                 guard
@@ -130,25 +122,6 @@ pub fn wait_for_call() -> Result<Option<bool>, magnus::Error> {
     Ok(Some(handed))
 }
 
-/// How long until a deferred tick is due (0: it is, or none was deferred).
-fn deferred_ns(now: u64) -> u64 {
-    NOT_BEFORE_NS.load(Ordering::Relaxed).saturating_sub(now)
-}
-
-/// Asks the timer to tick no sooner than `ns` nanoseconds from now (a busy program's next
-/// window is further than the timer's usual period). The timer still wakes at its usual time,
-/// but asks for no tick, so the program is neither signalled nor interrupted for a job with
-/// nothing to do. GVL held.
-pub fn defer(ns: u64) {
-    let now = clock_ns(Clock::Monotonic);
-    NOT_BEFORE_NS.store(now.saturating_add(ns), Ordering::Relaxed);
-}
-
-/// Lets the timer tick at its usual pace again (see `defer`). GVL held.
-pub fn undefer() {
-    NOT_BEFORE_NS.store(0, Ordering::Relaxed);
-}
-
 /// Starts the timer at `rate`, changes its rate, or (`None`) stops it and joins its thread.
 pub fn set_rate(rate: Option<f64>) {
     let stopped = with(|timer| match (timer.as_ref(), rate) {
@@ -160,7 +133,6 @@ pub fn set_rate(rate: Option<f64>) {
         }
         (Some(_), None) => timer.take(),
         (None, Some(_)) => {
-            undefer();
             let shared = Arc::new(Shared {
                 rate: Mutex::new(rate),
                 wake: Condvar::new(),
@@ -191,7 +163,6 @@ pub fn set_rate(rate: Option<f64>) {
 /// Wakes the timer to tick again within `ns` nanoseconds. GVL held. The timer's lock is
 /// taken around the request so the wake cannot fall between its read and its wait.
 pub fn hurry(ns: u64) {
-    undefer();
     let shared = with(|timer| timer.as_ref().map(|t| t.shared.clone()));
     let Some(shared) = shared else { return };
     match shared.rate.lock() {
@@ -207,7 +178,6 @@ pub fn hurry(ns: u64) {
 /// In a forked child: the timer thread was not copied, and its lock may have been held by it
 /// at the fork, so the old timer is forgotten unused (leaked), not stopped.
 pub fn after_fork() {
-    undefer();
     if let Some(timer) = with(|timer| timer.take()) {
         std::mem::forget(timer);
     }
