@@ -30,7 +30,7 @@ module DatadogHeap
   # windowed recorder runs. Next to a CPU-bound thread it gets the GVL back only every 100 ms.
   # Before Ruby 3.3 it also runs beside the native timer, whose signals reach only a thread that
   # holds the GVL: there it waits, without the GVL, for the ticks the native timer could not
-  # deliver (every thread waiting on IO), and sleeps on its own never. Started, retuned and
+  # deliver (every thread waiting on IO), and keeps no time of its own. Started, retuned and
   # stopped by the extension; one per process.
   module WindowTimer
     @thread = nil

@@ -343,4 +343,30 @@ RSpec.describe "the Ruby timer thread beside the native timer (before Ruby 3.3)"
     expect(idle_handed).to be > 30
     expect(idle_ticks).to be >= idle_handed
   end
+
+  # The waiting thread holds no GVL and times out only after a second: `stop` must end its wait
+  # at once (its unblocking function, or the stopped timer's own word), whether the program
+  # sleeps or runs.
+  it "lets stop end the Ruby thread's wait at once" do
+    skip "from Ruby 3.3 the native timer needs no Ruby thread" if Gem::Version.new(RUBY_VERSION) >= Gem::Version.new("3.3")
+    script = <<~'RUBY'
+      rec = DatadogHeap::Recorder.new(sampler: :windowed, max_overhead: nil)
+      now = -> { Process.clock_gettime(Process::CLOCK_MONOTONIC) }
+      took = Array.new(20) do |i|
+        rec.start
+        i.even? ? sleep(0.01) : (t = now.(); x = Object.new while now.() - t < 0.01)
+        t = now.()
+        rec.stop
+        now.() - t
+      end
+      alive = Thread.list.count { |t| t.name == "datadog_heap window timer" && t.alive? }
+      print Marshal.dump([DatadogHeap._native_native_window_timer, took.max, alive])
+    RUBY
+    out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-rdatadog_heap", "-e", script)
+    expect(status).to be_success, err
+    native, slowest, alive = Marshal.load(out) # rubocop:disable Security/MarshalLoad
+    skip "the native timer is not used on this machine" unless native
+    expect(slowest).to be < 0.5
+    expect(alive).to eq(0)
+  end
 end

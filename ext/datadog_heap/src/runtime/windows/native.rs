@@ -22,6 +22,9 @@ struct Call {
     /// The VM interrupted the wait (`Thread#wakeup` from `WindowTimer.stop`, `Thread#kill`,
     /// exit).
     interrupted: bool,
+    /// This timer stopped: no tick will come, whoever waits returns at once. Never reset (a
+    /// later timer has a `Shared` of its own).
+    stopped: bool,
 }
 
 struct Timer {
@@ -73,8 +76,12 @@ impl Shared {
     /// sleep, so none holds the GVL) goes to the Ruby timer thread, which waits for it without
     /// the GVL and gets the GVL at once in such a program.
     fn call_ruby_thread(&self) {
+        self.tell_ruby_thread(|call| call.tick = true);
+    }
+
+    fn tell_ruby_thread(&self, what: impl FnOnce(&mut Call)) {
         if let Ok(mut call) = self.call.lock() {
-            call.tick = true;
+            what(&mut call);
             self.called.notify_all();
         }
     }
@@ -87,8 +94,9 @@ impl Shared {
 ///
 /// Until 2026-12-06 the Ruby thread slept and ticked at the timer's rate beside it: in a busy
 /// server that is a hundred GVL hand-overs a second for ticks the signals already delivered
-/// (0.5% of a Rails worker's CPU on that thread alone, and as much again in context switches).
-/// Now it wakes only for the ticks that no signal could deliver.
+/// (0.4–0.5% of a Rails worker's CPU on that thread, and about a point more in the program's own
+/// threads, bench/service_toggle.rb side by side). Now it wakes only for the ticks no signal
+/// could deliver.
 pub fn wait_for_call() -> Result<Option<bool>, magnus::Error> {
     use crate::shims::{without_gvl, IfRefused};
     let shared = with(|timer| timer.as_ref().map(|t| t.shared.clone()));
@@ -99,22 +107,17 @@ pub fn wait_for_call() -> Result<Option<bool>, magnus::Error> {
         let Ok(mut call) = shared.call.lock() else {
             return false;
         };
-        if !call.tick && !call.interrupted {
+        if !call.tick && !call.interrupted && !call.stopped {
             call = match shared.called.wait_timeout(call, Duration::from_secs(1)) {
                 Ok((call, _)) => call,
                 Err(_) => return false,
             };
         }
-        let ticked = call.tick;
-        *call = Call::default();
+        let ticked = std::mem::take(&mut call.tick);
+        call.interrupted = false;
         ticked
     };
-    let interrupt = || {
-        if let Ok(mut call) = shared.call.lock() {
-            call.interrupted = true;
-            shared.called.notify_all();
-        }
-    };
+    let interrupt = || shared.tell_ruby_thread(|call| call.interrupted = true);
     let handed = without_gvl(wait, Some(&interrupt), IfRefused::Skip)?.unwrap_or(false);
     if handed {
         HANDED.fetch_add(1, Ordering::Relaxed);
@@ -155,6 +158,9 @@ pub fn set_rate(rate: Option<f64>) {
             *r = None;
         }
         timer.shared.wake.notify_all();
+        // A Ruby timer thread that took this timer's `Shared` and is about to wait on it (an
+        // interrupt check let `WindowTimer.stop` run in between) returns at once.
+        timer.shared.tell_ruby_thread(|call| call.stopped = true);
         // Quick: the thread wakes at once and needs neither the GVL nor anything we hold.
         let _ = timer.thread.join();
     }
