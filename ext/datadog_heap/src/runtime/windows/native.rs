@@ -79,6 +79,8 @@ impl Shared {
         self.tell_ruby_thread(|call| call.tick = true);
     }
 
+    /// Changes what the Ruby timer thread's wait finds, and wakes it. Any thread; takes only
+    /// this timer's own lock.
     fn tell_ruby_thread(&self, what: impl FnOnce(&mut Call)) {
         if let Ok(mut call) = self.call.lock() {
             what(&mut call);
