@@ -97,18 +97,11 @@ fn timer_request() -> (bool, bool) {
 }
 
 /// The Ruby timer thread's tick (`DatadogHeap::WindowTimer`): one a timer asked for, the native
-/// one (which noted when it asked, see [`wait_for_timer_call`]) or the Ruby thread's own.
+/// one (which noted when it asked, see `native::wait_for_call`) or the Ruby thread's own.
 pub fn tick_from_ruby_timer(ruby: &Ruby) -> Option<f64> {
     let now = shims::clock_ns(shims::Clock::Monotonic);
     let _ = ASKED_AT_NS.compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
     tick(ruby)
-}
-
-/// Before 3.3, where the Ruby timer thread runs beside the native timer: waits, without the
-/// GVL, for a tick the native timer could not deliver (see `native::wait_for_call`); `None`
-/// when no native timer runs and the Ruby thread keeps its own time.
-pub fn wait_for_timer_call() -> Result<Option<bool>, magnus::Error> {
-    native::wait_for_call()
 }
 
 /// The program's allocation rate as the ticks see it (for arming windows in time).
@@ -413,7 +406,8 @@ pub fn signal_counts() -> Option<(u64, u64, u64)> {
     None
 }
 
-mod native;
+/// The native timer thread; `runtime` reaches its `wait_for_call` (the Ruby timer thread's wait).
+pub(super) mod native;
 
 mod ruby_thread {
     use magnus::{prelude::*, Error, RModule, Ruby, Value};

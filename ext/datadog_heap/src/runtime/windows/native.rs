@@ -61,8 +61,11 @@ fn run(shared: Arc<Shared>) {
         };
         rate = match shared.wake.wait_timeout(rate, Duration::from_nanos(delay)) {
             Ok((guard, timeout)) => {
+                // Before 3.3: a tick no signal could deliver (every Ruby thread waits on IO, a
+                // lock or a sleep, so none holds the GVL) goes to the Ruby timer thread, which
+                // waits for it without the GVL and gets the GVL at once in such a program.
                 if timeout.timed_out() && guard.is_some() && !super::request_tick() {
-                    shared.call_ruby_thread();
+                    shared.tell_ruby_thread(|call| call.tick = true);
                 }
                 guard
             }
@@ -72,13 +75,6 @@ fn run(shared: Arc<Shared>) {
 }
 
 impl Shared {
-    /// Before 3.3: a tick no signal could deliver (every Ruby thread waits on IO, a lock or a
-    /// sleep, so none holds the GVL) goes to the Ruby timer thread, which waits for it without
-    /// the GVL and gets the GVL at once in such a program.
-    fn call_ruby_thread(&self) {
-        self.tell_ruby_thread(|call| call.tick = true);
-    }
-
     /// Changes what the Ruby timer thread's wait finds, and wakes it. Any thread; takes only
     /// this timer's own lock.
     fn tell_ruby_thread(&self, what: impl FnOnce(&mut Call)) {
