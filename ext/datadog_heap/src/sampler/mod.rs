@@ -209,10 +209,29 @@ impl SamplerState {
         if let Mode::Windowed { .. } = config.mode {
             let (share, length) = effective.window_shape();
             let opened = self.checkpoints.restart(now, length, share, self.uniform());
-            if let Ok(mut stats) = self.stats.try_borrow_mut() {
-                stats.windows_opened += opened as u64;
+            self.count_windows(CheckOutcome {
+                opened,
+                ..CheckOutcome::default()
+            });
+        }
+    }
+
+    /// Counts in the stats, and charges to the budget, what the windows did at a check, at
+    /// `start` (`prepare`) or at `stop` (`close_out`): the one place windows are counted.
+    fn count_windows(&self, out: CheckOutcome) {
+        if let Ok(mut stats) = self.stats.try_borrow_mut() {
+            stats.windows_opened += out.opened as u64;
+            stats.window_armed_allocations =
+                stats.window_armed_allocations.saturating_add(out.armed);
+            stats.window_late_allocations += out.late;
+            stats.windows_spanned += out.spanned;
+            stats.window_wakeups += (out.woke != 0) as u64;
+            if let Some(watched) = out.closed {
+                stats.window_allocations = stats.window_allocations.saturating_add(watched);
             }
         }
+        let watched = out.closed.unwrap_or(0);
+        self.budget.charge_window(watched.saturating_add(out.armed));
     }
 
     /// `config` with the mean interval in force: `sample_every` times the budget's scale.
@@ -258,19 +277,8 @@ impl SamplerState {
             (self.checkpoints).on_check(now, length, share, horizon, prompt, &mut rng);
         if let Ok(mut stats) = self.stats.try_borrow_mut() {
             stats.window_ticks += asked as u64;
-            stats.windows_opened += out.opened as u64;
-            stats.window_armed_allocations += out.armed;
-            stats.window_late_allocations += out.late;
-            stats.windows_spanned += out.spanned;
-            stats.window_wakeups += (out.woke != 0) as u64;
-            if let Some(watched) = out.closed {
-                stats.window_allocations = stats.window_allocations.saturating_add(watched);
-            }
         }
-        if let Some(watched) = out.closed {
-            self.budget.charge_window(watched);
-        }
-        self.budget.charge_window(out.armed);
+        self.count_windows(out);
         Checked {
             ahead: self.checkpoints.allocations_to_start(now),
             late: out.late,
@@ -290,11 +298,11 @@ impl SamplerState {
     /// counted and charged. Needs the GVL; never from the hook.
     pub fn close_out(&self, now: u64) {
         let (watched, armed) = self.checkpoints.forget(now);
-        if let Ok(mut stats) = self.stats.try_borrow_mut() {
-            stats.window_allocations = stats.window_allocations.saturating_add(watched);
-            stats.window_armed_allocations = stats.window_armed_allocations.saturating_add(armed);
-        }
-        self.budget.charge_window(watched.saturating_add(armed));
+        self.count_windows(CheckOutcome {
+            closed: Some(watched),
+            armed,
+            ..CheckOutcome::default()
+        });
     }
 
     /// One allocation went by: whether it is the one to sample, and (windowed) whether the window
