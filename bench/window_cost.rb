@@ -16,6 +16,7 @@
 #
 # Run: rake bench:window_cost (or ruby -Ilib bench/window_cost.rb; BENCH_SMOKE=1 for a quick run)
 require_relative "support"
+require_relative "lib/thread_cpu"
 
 ROUNDS = Bench.pick(7, 2)
 N = Bench.pick(3_000_000, 100_000)
@@ -74,30 +75,20 @@ extra = Bench.median(res[:map].zip(res[:sink]).map { |m, s| m - s })
 Bench.table(["WeakMap entries (objects dying young)", "CPU per entry, all in"],
   [["#{entries} in #{N_MAP} BasicObject.new", Bench.ns(extra * 1e9 / entries)]])
 
-# CPU time each of this process's threads has run so far (Linux: /proc/self/task/*/schedstat),
-# by thread name; {} where /proc has none.
-def thread_run_ns
-  Dir["/proc/self/task/*"].each_with_object(Hash.new(0)) do |task, h|
-    h[File.read("#{task}/comm").strip] += File.read("#{task}/schedstat").split.first.to_i
-  rescue SystemCallError
-    next
-  end
-end
 
 windows = {}
 timer_ns = {}
 res = Bench.alternate(%i[none w10 w1000], ROUNDS) do |v|
   rec = DatadogHeap::Recorder.new(sample_every: 2**20, max_overhead: nil, windows_per_second: (v == :w10) ? 10 : 1000) unless v == :none
   rec&.start
-  before = thread_run_ns
+  before = ThreadCpu.gem_threads_ns
   t = Bench.cpu
   LOOPS["BasicObject.new"].call(N_WINDOWS)
   seconds = Bench.cpu - t
-  after = thread_run_ns
+  after = ThreadCpu.gem_threads_ns
   if rec
     (windows[v] ||= []) << rec.stats[:sampler_window_ticks]
-    timers = after.keys.grep(/\Adatadog_heap/)
-    (timer_ns[v] ||= []) << timers.sum { |k| after[k] - before[k] }
+    (timer_ns[v] ||= []) << after - before
   end
   seconds
 ensure

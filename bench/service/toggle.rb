@@ -16,6 +16,7 @@
 # ticks a second (what the timer's ticks cost).
 require "datadog_heap"
 require "json"
+require_relative "../lib/thread_cpu"
 
 module ServiceToggle
   PHASE = Float(ENV.fetch("TOGGLE_PHASE", "2"))
@@ -25,9 +26,6 @@ module ServiceToggle
   SAMPLE_EVERY = Integer(ENV.fetch("TOGGLE_SAMPLE_EVERY", "1024"))
   # The window timer's rate of the "timer" mode.
   WINDOWS_PER_SECOND = Float(ENV.fetch("TOGGLE_WINDOWS_PER_SECOND", "25"))
-
-  # Linux's USER_HZ, in which /proc reports a thread's CPU time.
-  CLOCK_TICKS = 100
 
   @requests = 0
   @lock = Mutex.new
@@ -45,19 +43,10 @@ module ServiceToggle
       Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID)
     end
 
-    # CPU time (s) of the gem's own threads: the native window timer and, before Ruby 3.3, the
-    # Ruby one beside it (both named "datadog_heap ..."), from /proc in clock ticks. Linux only;
-    # 0 elsewhere. Lets the bench split an "on" phase's extra CPU between the gem's threads and
-    # the program's.
+    # CPU time (s) of the gem's own threads (bench/lib/thread_cpu.rb; 0 without /proc): lets the
+    # bench split an "on" phase's extra CPU between the gem's threads and the program's.
     def own_threads_cpu
-      Dir["/proc/self/task/*"].sum do |task|
-        next 0 unless File.read("#{task}/comm").start_with?("datadog_heap")
-
-        fields = File.read("#{task}/stat").split(") ", 2).last.split
-        (fields[11].to_i + fields[12].to_i).fdiv(CLOCK_TICKS)
-      rescue SystemCallError
-        0 # the thread ended meanwhile
-      end
+      ThreadCpu.gem_threads_ns / 1e9
     end
 
     def switch(rec, on)
