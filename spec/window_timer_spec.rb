@@ -314,8 +314,9 @@ end
 # which waits for it without the GVL. It must take those ticks, and only those: in a busy
 # program it ticking on its own pace beside the signals cost a hundred GVL hand-overs a second.
 RSpec.describe "the Ruby timer thread beside the native timer (before Ruby 3.3)" do
+  before { skip "from Ruby 3.3 the native timer needs no Ruby thread" if Gem::Version.new(RUBY_VERSION) >= Gem::Version.new("3.3") }
+
   it "ticks when every thread waits, and stays asleep while a thread holds the GVL" do
-    skip "from Ruby 3.3 the native timer needs no Ruby thread" if Gem::Version.new(RUBY_VERSION) >= Gem::Version.new("3.3")
     script = <<~'RUBY'
       rec = DatadogHeap::Recorder.new(sampler: :windowed, windows_per_second: 200, max_overhead: nil)
       rec.start
@@ -348,7 +349,6 @@ RSpec.describe "the Ruby timer thread beside the native timer (before Ruby 3.3)"
   # at once (its unblocking function, or the stopped timer's own word), whether the program
   # sleeps or runs.
   it "lets stop end the Ruby thread's wait at once" do
-    skip "from Ruby 3.3 the native timer needs no Ruby thread" if Gem::Version.new(RUBY_VERSION) >= Gem::Version.new("3.3")
     script = <<~'RUBY'
       rec = DatadogHeap::Recorder.new(sampler: :windowed, max_overhead: nil)
       now = -> { Process.clock_gettime(Process::CLOCK_MONOTONIC) }
