@@ -141,6 +141,10 @@ module RealPrograms
   # samples; truth: "file:line" => [objects, bytes, sum of squared bytes].
   def measure(program, sample_every, dir)
     ObjectSpace.trace_object_allocations_start
+    # Read by Recorder.new, so set before it.
+    if (mean = ENV["REAL_PROGRAMS_WINDOW_MEAN"])
+      DatadogHeap::Testing._native_set_window_sample_every(Integer(mean, 10))
+    end
     rec = if sample_every == :defaults
       DatadogHeap::Recorder.new
     elsif ENV["REAL_PROGRAMS_AS_USER"] == "1"
@@ -148,9 +152,6 @@ module RealPrograms
       DatadogHeap::Recorder.new(sample_every: sample_every, **windows)
     else
       DatadogHeap::Recorder.new(sampler: :countdown, sample_every: sample_every, max_overhead: nil)
-    end
-    if (mean = ENV["REAL_PROGRAMS_WINDOW_MEAN"])
-      DatadogHeap::Testing._native_set_window_sample_every(Integer(mean, 10))
     end
     rec.start
     started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
