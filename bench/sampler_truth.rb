@@ -41,9 +41,10 @@ module SamplerTruth
     ENV["SAMPLE_EVERY"] == "default" ? nil : Integer(ENV.fetch("SAMPLE_EVERY", "1024"))
   end
 
+  # At SAMPLE_EVERY=default nothing but the sampler is given, so the overhead budget is on, as a
+  # user gets it; otherwise the interval is exactly the one given.
   def options_for(sampler)
-    opts = {max_overhead: nil}
-    opts[:sample_every] = sample_every if sample_every
+    opts = sample_every ? {sample_every: sample_every, max_overhead: nil} : {}
     case sampler.split("@").first
     when "countdown" then opts.merge(sampler: :countdown)
     else opts.merge(sampler: :windowed)
