@@ -13,33 +13,46 @@
 # Variants alternate round by round; process CPU time.
 #
 # Run: rake bench:window_mean (or ruby -Ilib bench/window_mean.rb; BENCH_SMOKE=1 for a quick
-# run; WINDOW_MEANS=64,16 to choose the means)
+# run; WINDOW_MEANS=64,16 to choose the means, `countdown` among them for the countdown sampler at
+# the same interval; WINDOW_MEAN_EVERY=1024 for that sample_every with no budget instead of the
+# default recorder)
 require_relative "support"
 
 ROUNDS = Bench.pick(7, 2)
 N = Bench.pick(10_000_000, 200_000)
 SCALE = Bench.pick(200_000, 5_000) # the smallest site's retained count
-MEANS = (ENV["WINDOW_MEANS"] || "64,32,16,8").split(",").map { |m| Integer(m, 10) }
+MEANS = (ENV["WINDOW_MEANS"] || "64,32,16,8").split(",").map { |m| (m == "countdown") ? :countdown : Integer(m, 10) }
+EVERY = ENV["WINDOW_MEAN_EVERY"]&.then { |e| Integer(e, 10) }
+OPTIONS = EVERY ? {sample_every: EVERY, max_overhead: nil} : {}
 
 LOOPS = Bench::LOOPS.slice("BasicObject.new", "mix: [i, i], String, Hash").freeze
 
-# The block's recorders take the in-window mean `mean`.
+# The block's recorders take the in-window mean `mean` (`:countdown`: the countdown sampler).
 def with_mean(mean)
+  return yield(OPTIONS.merge(sampler: :countdown)) if mean == :countdown
+
   before = DatadogHeap::Testing._native_set_window_sample_every(mean)
-  yield
-ensure
-  DatadogHeap::Testing._native_set_window_sample_every(before)
+  begin
+    yield OPTIONS
+  ensure
+    DatadogHeap::Testing._native_set_window_sample_every(before)
+  end
+end
+
+# A recorder as `with_mean` sets it up.
+def recorder(mean)
+  with_mean(mean) { |options| DatadogHeap::Recorder.new(**options) }
 end
 
 Bench.header("bench/window_mean.rb: the windowed sampler's in-window mean, cost and estimates",
   ["means #{MEANS.join(", ")}; #{ROUNDS} rounds, alternating; " \
-   "process CPU time; default recorder (windowed, sample_every 4096, budget 1%)"])
+   "process CPU time; " + (EVERY ? "sample_every #{EVERY}, no budget" : "default recorder (windowed, sample_every 4096, budget 1%)")])
 
 variants = [:none] + MEANS
 rows = LOOPS.flat_map do |name, work|
   work.call(N / 10)
   res = Bench.alternate(variants, ROUNDS) do |v|
-    rec = with_mean(v) { DatadogHeap::Recorder.new } unless v == :none
+    rec = recorder(v) unless v == :none
     rec&.start
     t = Bench.cpu
     work.call(N)
@@ -59,8 +72,8 @@ end
 Bench.table(["loop", "in-window mean", "throughput vs none", "none", "samples", "extra CPU per sample"], rows)
 
 # Estimates: three sites retained in known numbers among garbage, at the default settings.
-def three_sites
-  counts, = Bench.live_estimate do
+def three_sites(options)
+  counts, = Bench.live_estimate(options) do
     keep = []
     (20 * SCALE).times do |i|
       keep << Array.new(1)
@@ -74,7 +87,7 @@ def three_sites
   truth.to_h { |k, t| [k, counts[k].to_f / t] }
 end
 
-est = Bench.alternate(MEANS, ROUNDS) { |m| with_mean(m) { three_sites } }
+est = Bench.alternate(MEANS, ROUNDS) { |m| with_mean(m) { |options| three_sites(options) } }
 rows = %w[Array Hash String].flat_map do |site|
   MEANS.map do |m|
     r = est[m].map { |e| e[site] }
