@@ -20,8 +20,9 @@
 # run. Overhead = the median over phases of (on phase / mean of the off phases beside it) - 1,
 # and the pooled ratio (all on CPU / on requests over all off CPU / off requests) - 1.
 # Split of the pooled overhead: the gem's own threads' share of the "on" phases' CPU (its window
-# timers), and the pooled overhead of the program's threads alone (each phase's CPU less the
-# gem's threads'), where the window jobs, samples and slow-path allocations run.
+# timers), the pooled overhead of the program's threads alone (each phase's CPU less the gem's
+# threads'), where the window jobs, samples and slow-path allocations run, and GC's part (the
+# VM's GC time per request, on less off, over the CPU per request off; Ruby 3.1 and later).
 #
 # Run: rake bench:service_toggle (or ruby -Ilib bench/service_toggle.rb; BENCH_SMOKE=1 for a quick run).
 # Needs puma, ruby-sinatra and wrk (bin/setup --dev installs them).
@@ -37,13 +38,17 @@ WARMUP_REQUESTS = Bench.pick(10_000, 1_000)
 ALL_VARIANTS = {"recorder on/off (defaults)" => "on", "countdown recorder on/off" => "countdown", "empty NEWOBJ hook on/off (VM floor)" => "hook",
                 "A/A (both off)" => "off", "countdown at exactly 1024, no budget" => "fixed",
                 "windowed at TOGGLE_SAMPLE_EVERY (1024), default budget" => "dense",
-                "recorder on/off, timer at TOGGLE_WINDOWS_PER_SECOND (25)" => "timer"}.freeze
+                "recorder on/off, timer at TOGGLE_WINDOWS_PER_SECOND (25)" => "timer",
+                "window timer alone (sample_every 2**32 - 1, no budget)" => "ticks",
+                "window timer alone at TOGGLE_WINDOWS_PER_SECOND (25)" => "slow_ticks"}.freeze
 # TOGGLE_VARIANTS=on,off (modes, comma-separated) runs those rows only; by default every row but
-# "fixed", which is for comparing two builds (TOGGLE_COMPARE_LIB below), "dense" and "timer".
+# "fixed", which is for comparing two builds (TOGGLE_COMPARE_LIB below), "dense", "timer",
+# "ticks" and "slow_ticks" (the timer's ticks and wake-ups without the windows, to split the
+# default's cost).
 SELECTED = if ENV["TOGGLE_VARIANTS"]
   ALL_VARIANTS.select { |_, m| ENV["TOGGLE_VARIANTS"].split(",").include?(m) }
 else
-  ALL_VARIANTS.reject { |_, m| %w[fixed dense timer].include?(m) }
+  ALL_VARIANTS.reject { |_, m| %w[fixed dense timer ticks slow_ticks].include?(m) }
 end
 # SERVICE_APPS=sinatra,rails (the default): each row on the sinatra service and on the Rails app
 # of examples/rails_leak (its leak off). BENCH_SMOKE runs the sinatra one only (CI's time; the
@@ -106,6 +111,14 @@ def pooled(phases, minus_own: false)
   on / off
 end
 
+# GC's part of the pooled overhead: (GC time per request on - off) over the CPU per request off;
+# and GCs per 1,000 requests, on / off.
+def gc_part(phases)
+  on, off = %w[on off].map { |state| phases.select { |p| p[:state] == state } }
+  per = ->(ps, key) { ps.sum { |p| p[key].to_f } / [ps.sum { |p| p[:requests] }, 1].max }
+  [(per.call(on, :gc) - per.call(off, :gc)) / per.call(off, :cpu), 1000 * per.call(on, :gcs), 1000 * per.call(off, :gcs)]
+end
+
 # The gem's own threads' CPU over all CPU in the "on" phases.
 def own_share(phases)
   on = phases.select { |p| p[:state] == "on" }
@@ -131,6 +144,7 @@ rows = VARIANTS.keys.map do |label|
     Bench.percent(pooled(phases) - 1),
     Bench.percent(own_share(phases)),
     Bench.percent(pooled(phases, minus_own: true) - 1),
+    gc_part(phases).then { |part, on_gcs, off_gcs| format("%s (GCs %.1f / %.1f)", Bench.percent(part), on_gcs, off_gcs) },
     format("%.0f µs", 1e6 * on.sum { |p| p[:cpu] } / [on.sum { |p| p[:requests] }, 1].max),
     stats.map { |s| s[:sampler_effective_sample_every] }.minmax.uniq.join(".."),
     stats.map { |s| Bench.percent(s[:sampler_last_overhead].to_f) }.join(" / "),
@@ -138,8 +152,8 @@ rows = VARIANTS.keys.map do |label|
     # The windowed sampler: the share of the allocations its hook was installed for (watched +
     # armed, over the allocations its samples stand for).
     stats.map { |s| s[:sampler_window_ticks].to_i.zero? ? "-" : Bench.percent((s[:sampler_window_allocations] + s[:sampler_window_armed_allocations]).fdiv([s[:sampler_allocations_seen], 1].max)) }.join(" / "),
-    stats.map { |s| "#{s[:sampler_window_ticks]} #{s[:signals].inspect}" }.join(" / ")]
+    stats.map { |s| "#{s[:sampler_window_ticks]} #{s[:signals].inspect} #{s[:wakes]}" }.join(" / ")]
 end
 Bench.table(["variant", "on phases", "overhead (median)", "range", "overhead (pooled)", "gem's threads (share of on CPU)",
-  "program's threads (pooled)", "CPU/request (on)", "interval at exit",
-  "budget's own share (last period)", "records at exit", "hook installed (windowed)", "ticks, signals"], rows)
+  "program's threads (pooled)", "GC's part (GCs per 1,000 requests on / off)", "CPU/request (on)", "interval at exit",
+  "budget's own share (last period)", "records at exit", "hook installed (windowed)", "ticks, signals, timer wake-ups"], rows)

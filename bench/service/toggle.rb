@@ -24,7 +24,7 @@ module ServiceToggle
   MODE = ENV.fetch("TOGGLE_MODE", "on")
   # The interval of the "fixed" and "dense" modes.
   SAMPLE_EVERY = Integer(ENV.fetch("TOGGLE_SAMPLE_EVERY", "1024"))
-  # The window timer's rate of the "timer" mode.
+  # The window timer's rate of the "timer" and "slow_ticks" modes.
   WINDOWS_PER_SECOND = Float(ENV.fetch("TOGGLE_WINDOWS_PER_SECOND", "25"))
 
   @requests = 0
@@ -49,9 +49,15 @@ module ServiceToggle
       ThreadCpu.gem_threads_ns / 1e9
     end
 
+    # The VM's time in GC so far (s; 0 where Ruby does not measure it, before 3.1): the part of a
+    # phase's CPU that marking and sweeping took, the recorder's WeakMap and records included.
+    def gc_time
+      GC.respond_to?(:total_time) ? GC.total_time / 1e9 : 0.0
+    end
+
     def switch(rec, on)
       case MODE
-      when "on", "windowed", "countdown", "fixed", "dense", "timer" then on ? rec.start : rec.stop
+      when "on", "windowed", "countdown", "fixed", "dense", "timer", "ticks", "slow_ticks" then on ? rec.start : rec.stop
       when "hook" then DatadogHeap::Testing._native_empty_hook(on)
       end
     end
@@ -65,6 +71,11 @@ module ServiceToggle
       when "dense"
         DatadogHeap::Recorder.new(sample_every: SAMPLE_EVERY, max_overhead: DatadogHeap::Recorder::DEFAULTS.fetch(:max_overhead))
       when "timer" then DatadogHeap::Recorder.new(windows_per_second: WINDOWS_PER_SECOND)
+      # The window timer and its wake-ups with (almost) no window: one window in 2**32 * 32
+      # allocations, no budget.
+      when "ticks" then DatadogHeap::Recorder.new(sampler: :windowed, sample_every: 2**32 - 1, max_overhead: nil)
+      when "slow_ticks"
+        DatadogHeap::Recorder.new(sampler: :windowed, sample_every: 2**32 - 1, max_overhead: nil, windows_per_second: WINDOWS_PER_SECOND)
       else DatadogHeap::Recorder.new
       end
       phases = []
@@ -73,16 +84,18 @@ module ServiceToggle
         started = Process.clock_gettime(Process::CLOCK_MONOTONIC)
         cpu0 = cpu
         own0 = own_threads_cpu
+        gc0 = gc_time
+        gcs0 = GC.count
         req0 = requests
         sleep PHASE
-        phases << {state: state, cpu: cpu - cpu0, own: own_threads_cpu - own0, requests: requests - req0, started: started,
-                   ended: Process.clock_gettime(Process::CLOCK_MONOTONIC)}
+        phases << {state: state, cpu: cpu - cpu0, own: own_threads_cpu - own0, gc: gc_time - gc0, gcs: GC.count - gcs0,
+                   requests: requests - req0, started: started, ended: Process.clock_gettime(Process::CLOCK_MONOTONIC)}
         state = (state == :on) ? :off : :on
         switch(rec, state == :on)
         File.write(File.join(OUT, "#{Process.pid}.json.tmp"), JSON.generate(phases: phases, stats: rec.stats.slice(
           :sampler_samples_recorded, :sampler_effective_sample_every, :num_object_records, :sampler_last_overhead,
           :sampler_allocations_seen, :sampler_window_allocations, :sampler_window_armed_allocations, :sampler_window_ticks
-        ).merge(signals: DatadogHeap::Testing._native_window_signals).transform_values { |v| v.is_a?(Float) ? v.round(5) : v }))
+        ).merge(signals: DatadogHeap::Testing._native_window_signals, wakes: DatadogHeap::Testing.respond_to?(:_native_window_timer_wakes) ? DatadogHeap::Testing._native_window_timer_wakes : nil).transform_values { |v| v.is_a?(Float) ? v.round(5) : v }))
         File.rename(File.join(OUT, "#{Process.pid}.json.tmp"), File.join(OUT, "#{Process.pid}.json"))
       end
     end
