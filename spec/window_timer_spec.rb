@@ -217,6 +217,36 @@ RSpec.describe "DatadogHeap.native_window_timer_safe?" do
     expect(parent).to match([be < 100, 1])
   end
 
+  # A busy program's tick asks for the next one halfway to its next window's arming point, up to
+  # the longest usual delay (1.5 periods) away, rather than at the timer's pace (windows.rs,
+  # tick): each tick is a wake-up of the timer thread and, before 3.3, a signal that the program
+  # pays for. With windows this far apart (1 in 2**20) that is 1 / 15 ms: about 133 ticks in 2 s
+  # (129-134), where the usual pace and the hurries made 218 (218 twice).
+  it "ticks a busy program whose next window is far less often than asked, waking no more than twice a tick" do
+    script = <<~'RUBY'
+      rec = DatadogHeap::Recorder.new(sampler: :windowed, sample_every: 2**20, windows_per_second: 100, max_overhead: nil)
+      rec.start
+      now = -> { Process.clock_gettime(Process::CLOCK_MONOTONIC) }
+      wakes = DatadogHeap::Testing._native_window_timer_wakes
+      started = now.()
+      keep = []
+      until now.() - started > 2
+        keep << [keep.size, "x", {a: 1}]
+        keep.clear if keep.size > 10_000
+      end
+      ticks = rec.stats[:sampler_window_ticks]
+      wakes = DatadogHeap::Testing._native_window_timer_wakes - wakes
+      rec.stop
+      print Marshal.dump([DatadogHeap._native_native_window_timer, ticks, wakes])
+    RUBY
+    out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-rdatadog_heap", "-e", script)
+    expect(status).to be_success, err
+    native, ticks, wakes = Marshal.load(out) # rubocop:disable Security/MarshalLoad
+    skip "the native timer is not used on this machine" unless native
+    expect(ticks).to be_between(10, 180), "#{ticks} ticks in 2 s at 100 a second asked"
+    expect(wakes).to be <= 2 * ticks + 5, "the timer woke #{wakes} times for #{ticks} ticks"
+  end
+
   # The handler is the windowed sampler's business: a process that only ever runs the countdown
   # sampler (the default), forks, and exits gets none.
   it "installs its signal handler only when a windowed sampler starts (Ruby < 3.3)" do

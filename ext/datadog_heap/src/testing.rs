@@ -120,6 +120,12 @@ pub fn init(_ruby: &Ruby, module: RModule) -> Result<(), Error> {
         "_native_window_signals",
         function!(runtime::window_signal_counts, 0),
     )?;
+    // How often the native window timer's thread has woken in this process (its deadlines and
+    // the requests that moved them sooner).
+    testing.define_singleton_method(
+        "_native_window_timer_wakes",
+        function!(runtime::window_timer_wakes, 0),
+    )?;
     // Before Ruby 3.3: the real-time signal the window timer sends, once a windowed start
     // installed its handler; nil otherwise.
     testing.define_singleton_method(

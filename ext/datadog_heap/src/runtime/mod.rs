@@ -29,7 +29,7 @@ pub use busy::own_work;
 pub use busy::{guarded, not_busy, own_allocations, program_allocations};
 pub use jobs::request_commit;
 pub use session::Session;
-pub use windows::native::wait_for_call as window_timer_wait;
+pub use windows::native::{wait_for_call as window_timer_wait, wakes as window_timer_wakes};
 pub use windows::{
     native_timer as native_window_timer, problem as window_timer_problem,
     signal_counts as window_signal_counts, signal_number as window_signal_number,

@@ -43,9 +43,26 @@ pub fn handed() -> u64 {
     HANDED.load(Ordering::Relaxed)
 }
 
-/// A sooner tick asked for by the last tick (nanoseconds from when the timer reads it; 0:
-/// none), see `hurry`.
-static SOONER_NS: AtomicU64 = AtomicU64::new(0);
+/// When the last tick wants the next one (monotonic ns; 0: at the timer's usual pace), sooner
+/// or later than the usual, see `next_tick_in`.
+static WANTED_NS: AtomicU64 = AtomicU64::new(0);
+
+/// When the timer thread wakes next unless woken (monotonic ns; 0: not waiting), so that a
+/// request it would meet anyway does not wake it (see `next_tick_in`).
+static DEADLINE_NS: AtomicU64 = AtomicU64::new(0);
+
+/// How often the timer thread woke: its deadlines and the requests that moved them sooner.
+/// Each wake-up is a context switch, which a busy program pays for on a busy machine.
+static WAKES: AtomicU64 = AtomicU64::new(0);
+
+/// The timer thread's wake-ups so far (see [`WAKES`]).
+pub fn wakes() -> u64 {
+    WAKES.load(Ordering::Relaxed)
+}
+
+/// A deadline this close to the one asked for is met: the timer ticks rather than wait again,
+/// and a request this close to the timer's own deadline changes nothing.
+const SLACK_NS: u64 = 50_000;
 
 crate::gvl_guarded!(fn with over TIMER: Option<Timer>);
 
@@ -53,22 +70,31 @@ fn run(shared: Arc<Shared>) {
     let Ok(mut rate) = shared.rate.lock() else {
         return;
     };
+    // When the next tick is due (0: draw one at the usual pace).
+    let mut deadline = 0u64;
     while let Some(r) = *rate {
-        let usual = super::next_delay_ns(r);
-        let delay = match SOONER_NS.swap(0, Ordering::Relaxed) {
-            0 => usual,
-            sooner => sooner.min(usual),
-        };
-        rate = match shared.wake.wait_timeout(rate, Duration::from_nanos(delay)) {
-            Ok((guard, timeout)) => {
-                // Before 3.3: a tick no signal could deliver (every Ruby thread waits on IO, a
-                // lock or a sleep, so none holds the GVL) goes to the Ruby timer thread, which
-                // waits for it without the GVL and gets the GVL at once in such a program.
-                if timeout.timed_out() && guard.is_some() && !super::request_tick() {
-                    shared.tell_ruby_thread(|call| call.tick = true);
-                }
-                guard
+        let now = crate::shims::clock_ns(crate::shims::Clock::Monotonic);
+        match WANTED_NS.swap(0, Ordering::Relaxed) {
+            0 if deadline == 0 => deadline = now.saturating_add(super::next_delay_ns(r)),
+            0 => {}
+            wanted => deadline = wanted,
+        }
+        if deadline <= now.saturating_add(SLACK_NS) {
+            deadline = 0;
+            // Before 3.3: a tick no signal could deliver (every Ruby thread waits on IO, a lock
+            // or a sleep, so none holds the GVL) goes to the Ruby timer thread, which waits for
+            // it without the GVL and gets the GVL at once in such a program.
+            if !super::request_tick() {
+                shared.tell_ruby_thread(|call| call.tick = true);
             }
+            continue;
+        }
+        DEADLINE_NS.store(deadline, Ordering::Relaxed);
+        let waited = shared.wake.wait_timeout(rate, Duration::from_nanos(deadline - now));
+        DEADLINE_NS.store(0, Ordering::Relaxed);
+        WAKES.fetch_add(1, Ordering::Relaxed);
+        rate = match waited {
+            Ok((guard, _)) => guard,
             Err(_) => return,
         };
     }
@@ -164,19 +190,34 @@ pub fn set_rate(rate: Option<f64>) {
     }
 }
 
-/// Wakes the timer to tick again within `ns` nanoseconds. GVL held. The timer's lock is
-/// taken around the request so the wake cannot fall between its read and its wait.
-pub fn hurry(ns: u64) {
+/// Asks for the next tick in `ns` nanoseconds rather than at the timer's usual pace: sooner
+/// when a window's start is near, later when it is far and the program busy. Only a sooner one
+/// wakes the timer (a later one is read when the timer wakes at its own deadline, and waits on
+/// without a tick), and one within [`SLACK_NS`] of the timer's own deadline changes nothing:
+/// each wake-up is a context switch. GVL held. The timer's lock is taken around the request, so
+/// the deadline read under it is the one the timer waits for, and the wake cannot fall between
+/// the timer's read of the request and its wait.
+pub fn next_tick_in(ns: u64) {
     let shared = with(|timer| timer.as_ref().map(|t| t.shared.clone()));
     let Some(shared) = shared else { return };
-    match shared.rate.lock() {
+    let sooner = match shared.rate.lock() {
         Ok(guard) => {
-            SOONER_NS.store(ns.max(1), Ordering::Relaxed);
+            let deadline = DEADLINE_NS.load(Ordering::Relaxed);
+            let wanted = crate::shims::clock_ns(crate::shims::Clock::Monotonic)
+                .saturating_add(ns)
+                .max(1);
+            if deadline != 0 && deadline.abs_diff(wanted) <= SLACK_NS {
+                return;
+            }
+            WANTED_NS.store(wanted, Ordering::Relaxed);
             drop(guard);
+            deadline == 0 || wanted < deadline
         }
         Err(_) => return,
     };
-    shared.wake.notify_all();
+    if sooner {
+        shared.wake.notify_all();
+    }
 }
 
 /// In a forked child: the timer thread was not copied, and its lock may have been held by it
@@ -185,6 +226,9 @@ pub fn after_fork() {
     if let Some(timer) = with(|timer| timer.take()) {
         std::mem::forget(timer);
     }
+    // The parent's timer was waiting for these; the child's starts without them.
+    DEADLINE_NS.store(0, Ordering::Relaxed);
+    WANTED_NS.store(0, Ordering::Relaxed);
 }
 
 /// Stops the timer for good (process exit).

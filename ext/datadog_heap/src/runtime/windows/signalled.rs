@@ -65,9 +65,8 @@ pub fn counts() -> (u64, u64) {
 }
 
 /// From the timer thread: signals the thread that holds the GVL, if one does; whether it did.
-/// When none does (every Ruby thread blocked or asleep) the Ruby timer thread, which runs
-/// beside this one before 3.3, gets the GVL at once and ticks (see `set_rate`), at its own
-/// pace; a hurried tick is tried again soon instead (see `native::run`).
+/// When none does (every Ruby thread blocked or asleep) the tick goes to the Ruby timer thread,
+/// which waits beside this one before 3.3 and gets the GVL at once (see `native::run`).
 ///
 /// Before each signal it checks that the handler is still ours: a program that later set
 /// the signal back to its default action would be ended by the next one, and one that took
