@@ -151,7 +151,8 @@ rows = VARIANTS.keys.map do |label|
     stats.map { |s| s[:num_object_records] }.join(" / "),
     # The windowed sampler: the share of the allocations its hook was installed for (watched +
     # armed, over the allocations its samples stand for).
-    stats.map { |s| s[:sampler_window_ticks].to_i.zero? ? "-" : Bench.percent((s[:sampler_window_allocations] + s[:sampler_window_armed_allocations]).fdiv([s[:sampler_allocations_seen], 1].max)) }.join(" / "),
+    # (Not for the timer-alone rows, whose samples stand for next to nothing.)
+    stats.map { |s| (s[:sampler_window_ticks].to_i.zero? || s[:sampler_effective_sample_every].to_i > 2**30) ? "-" : Bench.percent((s[:sampler_window_allocations] + s[:sampler_window_armed_allocations]).fdiv([s[:sampler_allocations_seen], 1].max)) }.join(" / "),
     stats.map { |s| "#{s[:sampler_window_ticks]} #{s[:signals].inspect} #{s[:wakes]}" }.join(" / ")]
 end
 Bench.table(["variant", "on phases", "overhead (median)", "range", "overhead (pooled)", "gem's threads (share of on CPU)",
