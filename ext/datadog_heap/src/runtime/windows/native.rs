@@ -90,7 +90,9 @@ fn run(shared: Arc<Shared>) {
             continue;
         }
         DEADLINE_NS.store(deadline, Ordering::Relaxed);
-        let waited = shared.wake.wait_timeout(rate, Duration::from_nanos(deadline - now));
+        let waited = shared
+            .wake
+            .wait_timeout(rate, Duration::from_nanos(deadline - now));
         DEADLINE_NS.store(0, Ordering::Relaxed);
         WAKES.fetch_add(1, Ordering::Relaxed);
         rate = match waited {
