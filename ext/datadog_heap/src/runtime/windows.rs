@@ -248,7 +248,8 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
         if rate > 0.0 && (!quiet || woke == 2) {
             let secs = 0.5 * ahead.saturating_sub(horizon / 2) as f64 / rate;
             let ns = (secs * 1e9).clamp(MIN_TICK_NS as f64, MAX_PUT_OFF * 1e9 / top);
-            next_tick_in(ns as u64);
+            // A no-op where the Ruby timer thread keeps the time (it keeps its own pace).
+            native::next_tick_in(ns as u64);
         }
     }
     if woke == 1 {
@@ -260,14 +261,6 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
     sync_hooks();
     let after = sessions(|s| s.is_running() && rate_of(s).is_some());
     self::timer_rate(after.iter().map(|s| &**s))
-}
-
-/// Asks the native timer for its next tick in `ns` nanoseconds rather than at its usual pace.
-/// The Ruby timer thread keeps its own pace.
-fn next_tick_in(ns: u64) {
-    if native(false) {
-        native::next_tick_in(ns);
-    }
 }
 
 /// Draws the time to the next tick, in nanoseconds: uniform between half and one and a half

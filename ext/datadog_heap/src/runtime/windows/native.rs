@@ -3,15 +3,24 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::shims::GvlCell;
+use crate::shims::{clock_ns, Clock, GvlCell};
 
 struct Shared {
-    /// The rate to tick at; `None` asks the thread to end.
-    rate: Mutex<Option<f64>>,
+    schedule: Mutex<Schedule>,
     wake: Condvar,
     /// Before 3.3, the calls to the Ruby timer thread (see [`wait_for_call`]).
     call: Mutex<Call>,
     called: Condvar,
+}
+
+/// What the timer thread waits by.
+struct Schedule {
+    /// The rate to tick at; `None` asks the thread to end.
+    rate: Option<f64>,
+    /// When the next tick is due (monotonic ns; 0: drawn at the usual pace when the timer next
+    /// looks). Ticks change it (see [`next_tick_in`]); the timer holds the lock except while it
+    /// waits, so whoever else reads it reads the deadline the timer waits for.
+    due: u64,
 }
 
 /// What the Ruby timer thread is woken for.
@@ -43,14 +52,6 @@ pub fn handed() -> u64 {
     HANDED.load(Ordering::Relaxed)
 }
 
-/// When the last tick wants the next one (monotonic ns; 0: at the timer's usual pace), sooner
-/// or later than the usual, see `next_tick_in`.
-static WANTED_NS: AtomicU64 = AtomicU64::new(0);
-
-/// When the timer thread wakes next unless woken (monotonic ns; 0: not waiting), so that a
-/// request it would meet anyway does not wake it (see `next_tick_in`).
-static DEADLINE_NS: AtomicU64 = AtomicU64::new(0);
-
 /// How often the timer thread woke: its deadlines and the requests that moved them sooner.
 /// Each wake-up is a context switch, which a busy program pays for on a busy machine.
 static WAKES: AtomicU64 = AtomicU64::new(0);
@@ -67,20 +68,16 @@ const SLACK_NS: u64 = 50_000;
 crate::gvl_guarded!(fn with over TIMER: Option<Timer>);
 
 fn run(shared: Arc<Shared>) {
-    let Ok(mut rate) = shared.rate.lock() else {
+    let Ok(mut schedule) = shared.schedule.lock() else {
         return;
     };
-    // When the next tick is due (0: draw one at the usual pace).
-    let mut deadline = 0u64;
-    while let Some(r) = *rate {
-        let now = crate::shims::clock_ns(crate::shims::Clock::Monotonic);
-        match WANTED_NS.swap(0, Ordering::Relaxed) {
-            0 if deadline == 0 => deadline = now.saturating_add(super::next_delay_ns(r)),
-            0 => {}
-            wanted => deadline = wanted,
+    while let Some(rate) = schedule.rate {
+        let now = clock_ns(Clock::Monotonic);
+        if schedule.due == 0 {
+            schedule.due = now.saturating_add(super::next_delay_ns(rate));
         }
-        if deadline <= now.saturating_add(SLACK_NS) {
-            deadline = 0;
+        if schedule.due <= now.saturating_add(SLACK_NS) {
+            schedule.due = 0;
             // Before 3.3: a tick no signal could deliver (every Ruby thread waits on IO, a lock
             // or a sleep, so none holds the GVL) goes to the Ruby timer thread, which waits for
             // it without the GVL and gets the GVL at once in such a program.
@@ -89,16 +86,12 @@ fn run(shared: Arc<Shared>) {
             }
             continue;
         }
-        DEADLINE_NS.store(deadline, Ordering::Relaxed);
-        let waited = shared
-            .wake
-            .wait_timeout(rate, Duration::from_nanos(deadline - now));
-        DEADLINE_NS.store(0, Ordering::Relaxed);
-        WAKES.fetch_add(1, Ordering::Relaxed);
-        rate = match waited {
-            Ok((guard, _)) => guard,
+        let wait = Duration::from_nanos(schedule.due - now);
+        schedule = match shared.wake.wait_timeout(schedule, wait) {
+            Ok((schedule, _)) => schedule,
             Err(_) => return,
         };
+        WAKES.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -155,15 +148,15 @@ pub fn wait_for_call() -> Result<Option<bool>, magnus::Error> {
 pub fn set_rate(rate: Option<f64>) {
     let stopped = with(|timer| match (timer.as_ref(), rate) {
         (Some(t), Some(_)) => {
-            if let Ok(mut r) = t.shared.rate.lock() {
-                *r = rate;
+            if let Ok(mut schedule) = t.shared.schedule.lock() {
+                schedule.rate = rate;
             }
             None
         }
         (Some(_), None) => timer.take(),
         (None, Some(_)) => {
             let shared = Arc::new(Shared {
-                rate: Mutex::new(rate),
+                schedule: Mutex::new(Schedule { rate, due: 0 }),
                 wake: Condvar::new(),
                 call: Mutex::new(Call::default()),
                 called: Condvar::new(),
@@ -180,8 +173,8 @@ pub fn set_rate(rate: Option<f64>) {
         (None, None) => None,
     });
     if let Some(timer) = stopped {
-        if let Ok(mut r) = timer.shared.rate.lock() {
-            *r = None;
+        if let Ok(mut schedule) = timer.shared.schedule.lock() {
+            schedule.rate = None;
         }
         timer.shared.wake.notify_all();
         // A Ruby timer thread that took this timer's `Shared` and is about to wait on it (an
@@ -194,26 +187,21 @@ pub fn set_rate(rate: Option<f64>) {
 
 /// Asks for the next tick in `ns` nanoseconds rather than at the timer's usual pace: sooner
 /// when a window's start is near, later when it is far and the program busy. Only a sooner one
-/// wakes the timer (a later one is read when the timer wakes at its own deadline, and waits on
-/// without a tick), and one within [`SLACK_NS`] of the timer's own deadline changes nothing:
-/// each wake-up is a context switch. GVL held. The timer's lock is taken around the request, so
-/// the deadline read under it is the one the timer waits for, and the wake cannot fall between
-/// the timer's read of the request and its wait.
+/// wakes the timer (it finds a later one when it wakes at its old deadline, and waits on without
+/// a tick), and one within [`SLACK_NS`] of the timer's own deadline changes nothing: each
+/// wake-up is a context switch. GVL held.
 pub fn next_tick_in(ns: u64) {
     let shared = with(|timer| timer.as_ref().map(|t| t.shared.clone()));
     let Some(shared) = shared else { return };
-    let sooner = match shared.rate.lock() {
-        Ok(guard) => {
-            let deadline = DEADLINE_NS.load(Ordering::Relaxed);
-            let wanted = crate::shims::clock_ns(crate::shims::Clock::Monotonic)
-                .saturating_add(ns)
-                .max(1);
-            if deadline != 0 && deadline.abs_diff(wanted) <= SLACK_NS {
+    let sooner = match shared.schedule.lock() {
+        Ok(mut schedule) => {
+            let wanted = clock_ns(Clock::Monotonic).saturating_add(ns).max(1);
+            if schedule.due != 0 && schedule.due.abs_diff(wanted) <= SLACK_NS {
                 return;
             }
-            WANTED_NS.store(wanted, Ordering::Relaxed);
-            drop(guard);
-            deadline == 0 || wanted < deadline
+            let sooner = schedule.due == 0 || wanted < schedule.due;
+            schedule.due = wanted;
+            sooner
         }
         Err(_) => return,
     };
@@ -228,9 +216,6 @@ pub fn after_fork() {
     if let Some(timer) = with(|timer| timer.take()) {
         std::mem::forget(timer);
     }
-    // The parent's timer was waiting for these; the child's starts without them.
-    DEADLINE_NS.store(0, Ordering::Relaxed);
-    WANTED_NS.store(0, Ordering::Relaxed);
 }
 
 /// Stops the timer for good (process exit).
