@@ -101,22 +101,25 @@ def paired(phases)
   end
 end
 
+# The block's value summed over the phases in `state` ("on" or "off"), per request served.
+def per_request(phases, state)
+  ps = phases.select { |p| p[:state] == state }
+  ps.sum { |p| yield(p).to_f } / [ps.sum { |p| p[:requests] }, 1].max
+end
+
 # `minus_own`: the program's threads only (each phase's CPU less the gem's own threads', see
 # bench/service/toggle.rb).
 def pooled(phases, minus_own: false)
-  on, off = %w[on off].map do |state|
-    ps = phases.select { |p| p[:state] == state }
-    ps.sum { |p| p[:cpu] - (minus_own ? p[:own].to_f : 0) } / ps.sum { |p| p[:requests] }
-  end
+  on, off = %w[on off].map { |state| per_request(phases, state) { |p| p[:cpu] - (minus_own ? p[:own].to_f : 0) } }
   on / off
 end
 
 # GC's part of the pooled overhead: (GC time per request on - off) over the CPU per request off;
 # and GCs per 1,000 requests, on / off.
 def gc_part(phases)
-  on, off = %w[on off].map { |state| phases.select { |p| p[:state] == state } }
-  per = ->(ps, key) { ps.sum { |p| p[key].to_f } / [ps.sum { |p| p[:requests] }, 1].max }
-  [(per.call(on, :gc) - per.call(off, :gc)) / per.call(off, :cpu), 1000 * per.call(on, :gcs), 1000 * per.call(off, :gcs)]
+  gc_on, gc_off = %w[on off].map { |state| per_request(phases, state) { |p| p[:gc] } }
+  gcs_on, gcs_off = %w[on off].map { |state| 1000 * per_request(phases, state) { |p| p[:gcs] } }
+  [(gc_on - gc_off) / per_request(phases, "off") { |p| p[:cpu] }, gcs_on, gcs_off]
 end
 
 # The gem's own threads' CPU over all CPU in the "on" phases.

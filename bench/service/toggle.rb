@@ -13,7 +13,8 @@
 # no budget, so that two builds of the gem take the same samples; TOGGLE_MODE=dense the windowed
 # sampler at TOGGLE_SAMPLE_EVERY under the default budget (a denser default, tried);
 # TOGGLE_MODE=timer the defaults but a window timer of TOGGLE_WINDOWS_PER_SECOND (default 25)
-# ticks a second (what the timer's ticks cost).
+# ticks a second (what the timer's ticks cost); TOGGLE_MODE=ticks / slow_ticks the window timer
+# alone (windows that never come), at its default rate / at TOGGLE_WINDOWS_PER_SECOND.
 require "datadog_heap"
 require "json"
 require_relative "../lib/thread_cpu"
@@ -55,10 +56,17 @@ module ServiceToggle
       GC.respond_to?(:total_time) ? GC.total_time / 1e9 : 0.0
     end
 
+    # The window timer thread's wake-ups so far (nil from a build that does not count them, as one
+    # compared through TOGGLE_COMPARE_LIB may be).
+    def timer_wakes
+      DatadogHeap::Testing._native_window_timer_wakes if DatadogHeap::Testing.respond_to?(:_native_window_timer_wakes)
+    end
+
     def switch(rec, on)
       case MODE
-      when "on", "windowed", "countdown", "fixed", "dense", "timer", "ticks", "slow_ticks" then on ? rec.start : rec.stop
+      when "off" then nil
       when "hook" then DatadogHeap::Testing._native_empty_hook(on)
+      else on ? rec.start : rec.stop
       end
     end
 
@@ -72,10 +80,10 @@ module ServiceToggle
         DatadogHeap::Recorder.new(sample_every: SAMPLE_EVERY, max_overhead: DatadogHeap::Recorder::DEFAULTS.fetch(:max_overhead))
       when "timer" then DatadogHeap::Recorder.new(windows_per_second: WINDOWS_PER_SECOND)
       # The window timer and its wake-ups with (almost) no window: one window in 2**32 * 32
-      # allocations, no budget.
-      when "ticks" then DatadogHeap::Recorder.new(sampler: :windowed, sample_every: 2**32 - 1, max_overhead: nil)
-      when "slow_ticks"
-        DatadogHeap::Recorder.new(sampler: :windowed, sample_every: 2**32 - 1, max_overhead: nil, windows_per_second: WINDOWS_PER_SECOND)
+      # allocations, no budget; "slow_ticks" at WINDOWS_PER_SECOND.
+      when "ticks", "slow_ticks"
+        rate = (MODE == "slow_ticks") ? {windows_per_second: WINDOWS_PER_SECOND} : {}
+        DatadogHeap::Recorder.new(sampler: :windowed, sample_every: 2**32 - 1, max_overhead: nil, **rate)
       else DatadogHeap::Recorder.new
       end
       phases = []
@@ -95,7 +103,7 @@ module ServiceToggle
         File.write(File.join(OUT, "#{Process.pid}.json.tmp"), JSON.generate(phases: phases, stats: rec.stats.slice(
           :sampler_samples_recorded, :sampler_effective_sample_every, :num_object_records, :sampler_last_overhead,
           :sampler_allocations_seen, :sampler_window_allocations, :sampler_window_armed_allocations, :sampler_window_ticks
-        ).merge(signals: DatadogHeap::Testing._native_window_signals, wakes: DatadogHeap::Testing.respond_to?(:_native_window_timer_wakes) ? DatadogHeap::Testing._native_window_timer_wakes : nil).transform_values { |v| v.is_a?(Float) ? v.round(5) : v }))
+        ).merge(signals: DatadogHeap::Testing._native_window_signals, wakes: timer_wakes).transform_values { |v| v.is_a?(Float) ? v.round(5) : v }))
         File.rename(File.join(OUT, "#{Process.pid}.json.tmp"), File.join(OUT, "#{Process.pid}.json"))
       end
     end
