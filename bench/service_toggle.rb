@@ -140,7 +140,6 @@ rows = VARIANTS.keys.map do |label|
   workers = res[label].flatten
   phases = workers.flat_map { |w| w[:phases] }
   ratios = workers.flat_map { |w| paired(w[:phases]) }
-  on = phases.select { |p| p[:state] == "on" }
   stats = workers.map { |w| w[:stats] }
   [label, ratios.size.to_s, Bench.percent(Bench.median(ratios) - 1),
     format("%s..%s", Bench.percent(ratios.min - 1), Bench.percent(ratios.max - 1)),
@@ -148,7 +147,7 @@ rows = VARIANTS.keys.map do |label|
     Bench.percent(own_share(phases)),
     Bench.percent(pooled(phases, minus_own: true) - 1),
     gc_part(phases).then { |part, on_gcs, off_gcs| format("%s (GCs %.1f / %.1f)", Bench.percent(part), on_gcs, off_gcs) },
-    format("%.0f µs", 1e6 * on.sum { |p| p[:cpu] } / [on.sum { |p| p[:requests] }, 1].max),
+    format("%.0f µs", 1e6 * per_request(phases, "on") { |p| p[:cpu] }),
     stats.map { |s| s[:sampler_effective_sample_every] }.minmax.uniq.join(".."),
     stats.map { |s| Bench.percent(s[:sampler_last_overhead].to_f) }.join(" / "),
     stats.map { |s| s[:num_object_records] }.join(" / "),

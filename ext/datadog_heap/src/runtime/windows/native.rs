@@ -19,7 +19,8 @@ struct Schedule {
     rate: Option<f64>,
     /// When the next tick is due (monotonic ns; 0: drawn at the usual pace when the timer next
     /// looks). Ticks change it (see [`next_tick_in`]); the timer holds the lock except while it
-    /// waits, so whoever else reads it reads the deadline the timer waits for.
+    /// waits or delivers a tick, so whoever else reads a deadline reads the one the timer waits
+    /// for.
     due: u64,
 }
 
@@ -78,12 +79,20 @@ fn run(shared: Arc<Shared>) {
         }
         if schedule.due <= now.saturating_add(SLACK_NS) {
             schedule.due = 0;
+            // Delivered without the lock, which the tick it asks for takes to ask for the next
+            // one (see `next_tick_in`): that thread holds the GVL and must not wait on a signal
+            // being sent. A request meanwhile sets the deadline the timer then keeps.
+            drop(schedule);
             // Before 3.3: a tick no signal could deliver (every Ruby thread waits on IO, a lock
             // or a sleep, so none holds the GVL) goes to the Ruby timer thread, which waits for
             // it without the GVL and gets the GVL at once in such a program.
             if !super::request_tick() {
                 shared.tell_ruby_thread(|call| call.tick = true);
             }
+            schedule = match shared.schedule.lock() {
+                Ok(schedule) => schedule,
+                Err(_) => return,
+            };
             continue;
         }
         let wait = Duration::from_nanos(schedule.due - now);
@@ -193,9 +202,9 @@ pub fn set_rate(rate: Option<f64>) {
 pub fn next_tick_in(ns: u64) {
     let shared = with(|timer| timer.as_ref().map(|t| t.shared.clone()));
     let Some(shared) = shared else { return };
+    let wanted = clock_ns(Clock::Monotonic).saturating_add(ns).max(1);
     let sooner = match shared.schedule.lock() {
         Ok(mut schedule) => {
-            let wanted = clock_ns(Clock::Monotonic).saturating_add(ns).max(1);
             if schedule.due != 0 && schedule.due.abs_diff(wanted) <= SLACK_NS {
                 return;
             }
