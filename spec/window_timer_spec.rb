@@ -247,6 +247,36 @@ RSpec.describe "DatadogHeap.native_window_timer_safe?" do
     expect(wakes).to be <= 2 * ticks + 5, "the timer woke #{wakes} times for #{ticks} ticks"
   end
 
+  # A tick judges whether the program is quiet over the stretch since the last tick that judged,
+  # at least 0.5 ms long. When each tick judged only its own stretch, a program that stopped
+  # allocating just short of a window's start got hurried ticks 0.2 ms apart, none long enough
+  # to judge, so it stayed "busy" and ticked at 5,000 a second: 13 to 17 of 300 quiet stretches of
+  # 20 ms had over 10 ticks (up to 65); none since (at most 6).
+  it "goes back to the usual pace when the program stops allocating, near a window's start or not" do
+    script = <<~'RUBY'
+      rec = DatadogHeap::Recorder.new(sampler: :windowed, sample_every: 128, windows_per_second: 100, max_overhead: nil)
+      rec.start
+      now = -> { Process.clock_gettime(Process::CLOCK_MONOTONIC) }
+      keep = []
+      ticks = 150.times.map do
+        before = rec.stats[:sampler_window_ticks]
+        t = now.()
+        nil while now.() - t < 0.02
+        after = rec.stats[:sampler_window_ticks]
+        2_000.times { keep << Object.new }
+        keep.clear if keep.size > 100_000
+        after - before
+      end
+      rec.stop
+      print Marshal.dump([DatadogHeap._native_native_window_timer, ticks])
+    RUBY
+    out, err, status = Open3.capture3(RbConfig.ruby, "-I", File.expand_path("../lib", __dir__), "-rdatadog_heap", "-e", script)
+    expect(status).to be_success, err
+    native, ticks = Marshal.load(out) # rubocop:disable Security/MarshalLoad
+    skip "the native timer is not used on this machine" unless native
+    expect(ticks.count { |n| n > 10 }).to eq(0), "ticks in each 20 ms quiet stretch: #{ticks.tally.sort.to_h}"
+  end
+
   # The handler is the windowed sampler's business: a process that only ever runs the countdown
   # sampler (the default), forks, and exits gets none.
   it "installs its signal handler only when a windowed sampler starts (Ruby < 3.3)" do

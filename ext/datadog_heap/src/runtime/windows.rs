@@ -74,9 +74,10 @@ const MIN_TICK_NS: u64 = 200_000;
 /// 20 ms sleep before the truth bench's burst, which read 0.89 of the truth over 80 runs.
 const MAX_PUT_OFF: f64 = 1.5;
 /// The program is quiet when it allocated over the last stretch that can tell (at least
-/// [`JUDGED_S`] long, as a window's boundary job right after a tick is not, and without a GC,
-/// whose pause would pass for a quiet program; one with a GC still tells a busy program) at
-/// under this share of its pace lately
+/// [`JUDGED_S`] long: a window's boundary job right after a tick is not, nor are hurried ticks,
+/// so such ticks leave the stretch to the next one; and without a GC, whose pause would pass
+/// for a quiet program; one with a GC still tells a busy program) at under this share of its
+/// pace lately
 /// ([`Pace::rate`]), when no pace is known yet, or when the last tick is older than
 /// [`STALE_S`] (the timer was stopped, as between two recorders, or a long call held the
 /// tick): what the program did in so long a stretch says nothing of what it does now. A quiet
@@ -113,7 +114,13 @@ pub fn tick_from_ruby_timer(ruby: &Ruby) -> Option<f64> {
 /// The program's allocation rate as the ticks see it (for arming windows in time).
 struct Pace {
     /// The program's allocation count, the time and the GC count at the last tick.
-    last: Option<(u64, std::time::Instant, u64)>,
+    last: Option<Mark>,
+    /// The same at the last tick that judged whether the program is quiet, where the stretch
+    /// the next judgement covers begins. Ticks too close to it to tell leave it be: hurried ticks
+    /// 0.2 ms apart, each judging only its own stretch, never judged at all, and a program that
+    /// stopped allocating just short of a window's start kept being taken for busy and ticked
+    /// at 5,000 a second for tens of milliseconds (until 2026-12-06).
+    judged: Option<Mark>,
     /// How late ticks have come to windows' starts lately, in allocations: the most recent
     /// lateness, or nine tenths of the estimate before if higher. The horizon is at least twice
     /// it: on a loaded machine the timer wakes late, and a window moved by a late tick credits
@@ -131,8 +138,12 @@ struct Pace {
     quiet: bool,
 }
 
+/// The program's allocation count, the time and the GC count, at a tick.
+type Mark = (u64, std::time::Instant, u64);
+
 static PACE: shims::GvlCell<Pace> = shims::GvlCell::new(Pace {
     last: None,
+    judged: None,
     rate: 0.0,
     late: 0.0,
     quiet: true,
@@ -154,22 +165,37 @@ crate::gvl_guarded!(fn with_pace over PACE: Pace);
 /// Updates the allocation rate with the count `now` and the GC count `gcs` (see [`Seen`]).
 fn pace(now: u64, gcs: u64) -> Seen {
     let at = std::time::Instant::now();
+    // The allocations and seconds since `mark`; `None` when that says nothing of now (see
+    // [`STALE_S`]) or the count went back.
+    let since = |(count, then, _): Mark| {
+        let secs = at.duration_since(then).as_secs_f64();
+        (secs < STALE_S && now >= count).then(|| ((now - count) as f64, secs))
+    };
     with_pace(|p| {
-        if let Some((count, then, gcs_then)) = p.last {
-            let secs = at.duration_since(then).as_secs_f64();
-            let stretch = (secs > 1e-5 && secs < STALE_S && now >= count)
-                .then(|| (now - count) as f64 / secs);
-            let before = p.rate * 0.5f64.powf(secs / RATE_HALF_LIFE_S);
-            match stretch {
-                Some(rate) if secs >= JUDGED_S && gcs == gcs_then => {
-                    p.quiet = rate < QUIET_SHARE * before
+        let mut before = p.rate;
+        if let Some(last) = p.last {
+            let secs = at.duration_since(last.1).as_secs_f64();
+            before *= 0.5f64.powf(secs / RATE_HALF_LIFE_S);
+            let stretch = since(last).filter(|&(_, secs)| secs > 1e-5);
+            p.rate = stretch.map_or(0.0, |(n, secs)| n / secs).max(before);
+        }
+        match p.judged.map(|judged| (since(judged), judged.2)) {
+            // Too short to tell: the next tick judges from the same mark.
+            Some((Some((_, secs)), _)) if secs < JUDGED_S => {}
+            Some((Some((n, secs)), gcs_then)) => {
+                let rate = n / secs;
+                if gcs == gcs_then {
+                    p.quiet = rate < QUIET_SHARE * before;
+                } else if rate >= QUIET_SHARE * before {
+                    // With a GC inside, the pace is too low if anything: a busy one still tells.
+                    p.quiet = false;
                 }
-                // With a GC inside, the pace is too low if anything: a busy one still tells.
-                Some(rate) if secs >= JUDGED_S && rate >= QUIET_SHARE * before => p.quiet = false,
-                Some(_) => {}
-                None => p.quiet = true,
+                p.judged = Some((now, at, gcs));
             }
-            p.rate = stretch.unwrap_or(0.0).max(before);
+            _ => {
+                p.quiet = true;
+                p.judged = Some((now, at, gcs));
+            }
         }
         p.last = Some((now, at, gcs));
         Seen {
@@ -256,7 +282,10 @@ pub fn tick(ruby: &Ruby) -> Option<f64> {
         // The second wake-up measures the pace from here, after this job's own work.
         let now = super::busy::program_allocations();
         let at = std::time::Instant::now();
-        with_pace(|p| p.last = Some((now, at, shims::gc_count())));
+        with_pace(|p| {
+            p.last = Some((now, at, shims::gc_count()));
+            p.judged = p.last;
+        });
     }
     sync_hooks();
     let after = sessions(|s| s.is_running() && rate_of(s).is_some());
